@@ -1,0 +1,217 @@
+"""GPT-2's forward pass, written once for NumPy and jax.numpy.
+
+Read it top to bottom like the architecture diagram: gelu, softmax, layer_norm and linear are the
+building blocks; ffn and mha make a transformer_block; gpt2 stacks the blocks between the token and
+position embeddings and the tied output projection. Parameters nest like OpenAI's checkpoint
+(`blocks[i]["attn"]["c_attn"]["w"]`) and are passed as keyword arguments, as in picoGPT.
+
+Every function works on NumPy arrays and, unchanged, on JAX arrays (traced under jax.jit): the array
+module is picked from the input's type, constants are Python floats (which keep float32 float32 under
+NumPy 2's promotion rules; a NumPy float64 scalar would silently turn the residual stream into
+float64) and the only difference between the two, how a KV cache is written, sits in `write_cache`.
+
+The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
+cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
+`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs.
+"""
+
+import math
+
+import numpy as np
+
+GELU_SCALE = math.sqrt(2 / math.pi)  # a Python float on purpose, see the module docstring
+MASKED = -1e10  # added to the attention scores of positions a query may not see
+
+
+def array_module(x):
+    """numpy for NumPy arrays, jax.numpy for JAX arrays and tracers."""
+    if type(x).__module__.startswith("jax"):
+        import jax.numpy as jnp
+
+        return jnp
+    return np
+
+
+def gelu(x):  # [...] -> [...]
+    xp = array_module(x)
+    return 0.5 * x * (1 + xp.tanh(GELU_SCALE * (x + 0.044715 * x**3)))
+
+
+def softmax(x):  # [..., n] -> [..., n], each row sums to 1
+    xp = array_module(x)
+    exp_x = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
+    return exp_x / xp.sum(exp_x, axis=-1, keepdims=True)
+
+
+def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
+    xp = array_module(x)
+    mean = xp.mean(x, axis=-1, keepdims=True)
+    variance = xp.var(x, axis=-1, keepdims=True)
+    return g * (x - mean) / xp.sqrt(variance + eps) + b
+
+
+def linear(x, w, b):  # [m, n_in] @ [n_in, n_out] + [n_out] -> [m, n_out]
+    return x @ w + b
+
+
+def ffn(x, c_fc, c_proj):  # [n_seq, n_embd] -> [n_seq, n_embd]
+    a = gelu(linear(x, **c_fc))  # [n_seq, n_embd] -> [n_seq, 4*n_embd]
+    return linear(a, **c_proj)  # [n_seq, 4*n_embd] -> [n_seq, n_embd]
+
+
+def causal_mask(start, n_new, n_keys, xp):  # -> [n_new, n_keys]
+    """0 where query i (at position start + i) may attend to key j, MASKED where j is in its future.
+
+    Keys past the last written position (a static-size JAX cache, or entries left by rolled-back
+    drafts) are in every query's future, so they are masked too.
+    """
+    query_positions = start + xp.arange(n_new)[:, None]
+    key_positions = xp.arange(n_keys)[None, :]
+    return xp.where(key_positions > query_positions, MASKED, 0.0).astype(xp.float32)
+
+
+def attention(q, k, v, mask):  # [n_head, n_q, d], [n_head, n_k, d] x2, [n_q, n_k] -> [n_head, n_q, d]
+    xp = array_module(q)
+    scores = q @ xp.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # [n_head, n_q, n_k]
+    return softmax(scores + mask) @ v
+
+
+def split_heads(x, n_head):  # [n_seq, n_embd] -> [n_head, n_seq, n_embd/n_head]
+    xp = array_module(x)
+    return xp.swapaxes(x.reshape(x.shape[0], n_head, -1), 0, 1)
+
+
+def merge_heads(x):  # [n_head, n_seq, head_dim] -> [n_seq, n_head*head_dim]
+    xp = array_module(x)
+    return xp.swapaxes(x, 0, 1).reshape(x.shape[1], -1)
+
+
+def write_cache(buffer, new, start):  # [n_head, n_ctx, d], [n_head, n_new, d] -> buffer, [n_head, n_k, d]
+    """Store the new keys (or values) at positions start.. and return the buffer and what to attend to.
+
+    NumPy writes in place and attends to the filled prefix only; JAX needs static shapes, so it
+    writes functionally and attends to the whole buffer, whose unwritten tail causal_mask hides.
+    """
+    if array_module(buffer) is np:
+        end = start + new.shape[1]
+        buffer[:, start:end] = new
+        return buffer, buffer[:, :end]
+    from jax import lax
+
+    buffer = lax.dynamic_update_slice(buffer, new.astype(buffer.dtype), (0, start, 0))
+    return buffer, buffer
+
+
+def mha(x, c_attn, c_proj, n_head, kv_cache=None, start=0):  # [n_seq, n_embd] -> [n_seq, n_embd]
+    xp = array_module(x)
+    qkv = linear(x, **c_attn)  # [n_seq, n_embd] -> [n_seq, 3*n_embd]
+    q, k, v = (split_heads(part, n_head) for part in xp.split(qkv, 3, axis=-1))  # 3 x [n_head, n_seq, head_dim]
+    if kv_cache is not None:  # attend to the cached positions too
+        k_buffer, v_buffer = kv_cache
+        k_buffer, k = write_cache(k_buffer, k, start)  # [n_head, n_k, head_dim]
+        v_buffer, v = write_cache(v_buffer, v, start)
+        kv_cache = (k_buffer, v_buffer)
+    mask = causal_mask(start, x.shape[0], k.shape[1], xp)  # [n_seq, n_k]
+    heads = attention(q, k, v, mask)  # [n_head, n_seq, head_dim]
+    return linear(merge_heads(heads), **c_proj), kv_cache  # [n_seq, n_embd] -> [n_seq, n_embd]
+
+
+def transformer_block(x, mlp, attn, ln_1, ln_2, n_head, kv_cache=None, start=0):  # [n_seq, n_embd] -> same
+    attn_out, kv_cache = mha(layer_norm(x, **ln_1), **attn, n_head=n_head, kv_cache=kv_cache, start=start)
+    x = x + attn_out  # residual connection around attention
+    x = x + ffn(layer_norm(x, **ln_2), **mlp)  # residual connection around the feed-forward network
+    return x, kv_cache
+
+
+def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0):  # [n_seq] -> [n_seq, n_vocab]
+    """Logits for every position of `inputs`, which sit at positions start, start+1, ...
+
+    Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
+    (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
+    written into it; NumPy updates the buffers in place, JAX reads the updated list from `cache_out`.
+    """
+    if start + len(inputs) > wpe.shape[0]:
+        raise ValueError(f"positions up to {start + len(inputs)} exceed the model's context of {wpe.shape[0]}")
+    logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start)
+    return logits
+
+
+def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start):
+    """gpt2() that also returns the updated cache (JAX's buffers are new arrays, not updated in place)."""
+    xp = array_module(wte)
+    positions = start + xp.arange(len(inputs))
+    x = wte[inputs] + wpe[positions]  # [n_seq] -> [n_seq, n_embd]
+    new_cache = []
+    for layer, block in enumerate(blocks):
+        x, layer_cache = transformer_block(x, **block, n_head=n_head, kv_cache=cache[layer] if cache else None,
+                                           start=start)
+        new_cache.append(layer_cache)
+    x = layer_norm(x, **ln_f)  # [n_seq, n_embd]
+    return x @ wte.T, new_cache  # tied output projection: [n_seq, n_embd] -> [n_seq, n_vocab]
+
+
+def init_params(hparams, rng):
+    """Random GPT-2 parameters as GPT-2 initialises them (normal, std 0.02), nested like the checkpoint."""
+    n_embd = hparams["n_embd"]
+
+    def normal(*shape):
+        return (0.02 * rng.standard_normal(shape)).astype(np.float32)
+
+    def dense(n_in, n_out):
+        return {"w": normal(n_in, n_out), "b": np.zeros(n_out, np.float32)}
+
+    def norm():
+        return {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)}
+
+    block = lambda: {"ln_1": norm(), "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd)},
+                     "ln_2": norm(), "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)}}
+    return {"wte": normal(hparams["n_vocab"], n_embd), "wpe": normal(hparams["n_ctx"], n_embd),
+            "blocks": [block() for _ in range(hparams["n_layer"])], "ln_f": norm()}
+
+
+def empty_cache(hparams, xp=np):  # -> n_layer x ([n_head, n_ctx, head_dim], same)
+    head_dim = hparams["n_embd"] // hparams["n_head"]
+    shape = (hparams["n_head"], hparams["n_ctx"], head_dim)
+    return [(xp.zeros(shape, xp.float32), xp.zeros(shape, xp.float32)) for _ in range(hparams["n_layer"])]
+
+
+def common_prefix_length(a, b):
+    """How many leading tokens two sequences share."""
+    n = min(len(a), len(b))
+    mismatches = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(mismatches[0]) if len(mismatches) else n
+
+
+class GPT2Model:
+    """A GPT-2 that remembers what it has already read.
+
+    `logits(x, n_last)` returns the logits of the last n_last positions of the token sequence x.
+    With `use_cache` it feeds only the tokens after the longest prefix of x it has cached, and
+    first rolls the cache back to that prefix: speculative sampling's rejected drafts simply
+    disappear the next time the model is called with the corrected sequence. Without a cache it
+    recomputes the whole sequence, like the seed reference.
+    """
+
+    def __init__(self, params, hparams, use_cache=True):
+        self.params, self.hparams, self.use_cache = params, hparams, use_cache
+        self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
+        self.reset()
+
+    def reset(self):
+        """Forget everything cached (start a new sequence)."""
+        self.cache = empty_cache(self.hparams) if self.use_cache else None
+        self.cached_tokens = np.zeros(0, dtype=np.int64)
+
+    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
+        x = np.asarray(x, dtype=np.int64)
+        if len(x) > self.n_ctx:
+            raise ValueError(f"a sequence of {len(x)} tokens exceeds the model's context of {self.n_ctx}")
+        if not self.use_cache:
+            return gpt2(x, **self.params, n_head=self.hparams["n_head"])[-n_last:]
+        start = min(common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
+        logits = gpt2(x[start:], **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start)
+        self.cached_tokens = x
+        return logits[-n_last:]
+
+    def __call__(self, x):  # the seed's contract: probabilities for every position, [n_seq, n_vocab]
+        return softmax(self.logits(x, n_last=len(x)))
