@@ -45,9 +45,9 @@ def softmax(x):  # [..., n] -> [..., n], each row sums to 1
 
 def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
     xp = array_module(x)
-    mean = xp.mean(x, axis=-1, keepdims=True)
-    variance = xp.var(x, axis=-1, keepdims=True)
-    return g * (x - mean) / xp.sqrt(variance + eps) + b
+    centered = x - xp.mean(x, axis=-1, keepdims=True)
+    variance = xp.mean(centered * centered, axis=-1, keepdims=True)  # cheaper than np.var for one row
+    return g * centered / xp.sqrt(variance + eps) + b
 
 
 def linear(x, w, b):  # [m, n_in] @ [n_in, n_out] + [n_out] -> [m, n_out]
