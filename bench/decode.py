@@ -1,0 +1,267 @@
+"""Greedy decoding speed of gpt2.py's cached GPT2Model against the memory roofline and Hugging Face.
+
+GPT-2 124M-shaped random weights (gpt2.init_params), float32, batch 1, on this machine's CPU. A decode step
+has to read every weight once, so its floor is weights_bytes / read bandwidth, where the bandwidth is what a
+single-row matmul (x[1, k] @ W[k, n], the operation a decode step is made of) achieves here, measured in the
+same run. Prints one JSON object as its last line.
+
+    python bench/decode.py [--n_tokens 64] [--repeats 3] [--skip_hf]
+
+ms_per_token is the median of the individual decode steps (each: logits of the newest token from the cache,
+then argmax), over --repeats runs of --n_tokens steps after a prompt of --prompt_len tokens and one warm-up
+run; the mean is reported beside it. The machine may be shared: the load averages at the start and end say
+how busy it was. With two BLAS threads on two cores, one other busy process can make a step several times
+slower (a thread that is descheduled stalls the other), so compare only runs taken on an idle machine.
+"""
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpt2  # noqa: E402
+
+HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n_tokens", type=int, default=64, help="decode steps timed per run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (and 5x this many bandwidth and "
+                                                               "verify-ratio repetitions)")
+    parser.add_argument("--prompt_len", type=int, default=8, help="tokens in the random prompt")
+    parser.add_argument("--skip_hf", action="store_true", help="skip the transformers comparison")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.n_tokens < 1 or args.repeats < 1 or args.prompt_len < 1:
+        parser.error("--n_tokens, --repeats and --prompt_len must be positive")
+    if args.prompt_len + args.n_tokens + 5 > HPARAMS_124M["n_ctx"]:
+        parser.error(f"--prompt_len + --n_tokens must stay below {HPARAMS_124M['n_ctx'] - 5}")
+    return args
+
+
+# -------------------------------------------------------------------------------------------- machine
+
+
+def cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def blas_info():
+    """NumPy's BLAS as numpy.show_config reports it, plus its live thread count where it can be read."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    info = {key: blas.get(key) for key in ("name", "version", "openblas configuration")}
+    info["threads"] = openblas_threads()
+    return info
+
+
+def openblas_threads():
+    """The thread count of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
+    for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
+        handle = ctypes.CDLL(library)
+        for symbol in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                       "openblas_get_num_threads64_", "openblas_get_num_threads"):
+            if hasattr(handle, symbol):
+                return int(getattr(handle, symbol)())
+    return None
+
+
+# ------------------------------------------------------------------------------------------ measures
+
+
+def read_bandwidth_gbps(repeats, rng, k=8192, n=8192):
+    """Weight bytes per second of x[1, k] @ W[k, n] in float32 (268 MB for 8192 x 8192), best of repeats."""
+    weights = rng.standard_normal((k, n), dtype=np.float32)
+    x = rng.standard_normal((1, k), dtype=np.float32)
+    x @ weights  # warm-up: page in the matrix
+    best = min(timed(lambda: x @ weights)[1] for _ in range(repeats))
+    return weights.nbytes / best / 1e9
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def params_nbytes(tree):
+    if isinstance(tree, dict):
+        return sum(params_nbytes(value) for value in tree.values())
+    if isinstance(tree, list):
+        return sum(params_nbytes(value) for value in tree)
+    return tree.nbytes
+
+
+def greedy_decode(model, prompt, n_tokens):
+    """Greedy tokens and the seconds each decode step took (the prompt's forward pass is not timed)."""
+    model.reset()
+    tokens = list(prompt)
+    tokens.append(int(np.argmax(model.logits(tokens)[-1])))
+    step_seconds = []
+    for _ in range(n_tokens - 1):
+        next_token, seconds = timed(lambda: int(np.argmax(model.logits(tokens)[-1])))
+        tokens.append(next_token)
+        step_seconds.append(seconds)
+    return tokens[len(prompt):], step_seconds
+
+
+def verify_ratio(params, hparams, prefix, repeats, n_new=5):
+    """Cost of a cached forward over n_new tokens divided by one over 1 token, both after the same prefix."""
+    cache = gpt2.empty_cache(hparams)
+    gpt2.gpt2(np.asarray(prefix), **params, n_head=hparams["n_head"], cache=cache, start=0)
+    start = len(prefix)
+    new_tokens = np.asarray(prefix[:n_new])  # any tokens: positions start.. are overwritten on every call
+
+    def forward(n):
+        return timed(lambda: gpt2.gpt2(new_tokens[:n], **params, n_head=hparams["n_head"], cache=cache,
+                                       start=start))[1]
+
+    forward(n_new), forward(1)  # warm-up
+    times = {1: [], n_new: []}
+    for _ in range(repeats):  # interleaved, so load from other jobs hits both alike
+        times[1].append(forward(1))
+        times[n_new].append(forward(n_new))
+    return statistics.median(times[n_new]) / statistics.median(times[1])
+
+
+# ------------------------------------------------------------------------------------ Hugging Face
+
+
+def hf_model(params, hparams):
+    """transformers' GPT2LMHeadModel holding the same weights (the inverse of the tests' conversion)."""
+    import torch
+    import transformers
+
+    config = transformers.GPT2Config(
+        vocab_size=hparams["n_vocab"], n_positions=hparams["n_ctx"], n_embd=hparams["n_embd"],
+        n_head=hparams["n_head"], n_layer=hparams["n_layer"], activation_function="gelu_new",
+        layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+    state = {"transformer.wte.weight": params["wte"], "transformer.wpe.weight": params["wpe"],
+             "transformer.ln_f.weight": params["ln_f"]["g"], "transformer.ln_f.bias": params["ln_f"]["b"]}
+    for i, block in enumerate(params["blocks"]):
+        for ln in ("ln_1", "ln_2"):
+            state[f"transformer.h.{i}.{ln}.weight"] = block[ln]["g"]
+            state[f"transformer.h.{i}.{ln}.bias"] = block[ln]["b"]
+        for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
+            state[f"transformer.h.{i}.{group}.{layer}.weight"] = block[group][layer]["w"]
+            state[f"transformer.h.{i}.{group}.{layer}.bias"] = block[group][layer]["b"]
+    model = transformers.GPT2LMHeadModel(config).eval()
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied
+    return model
+
+
+def hf_greedy_decode(model, prompt, n_tokens):
+    """model.generate's greedy tokens and the seconds between consecutive decode steps.
+
+    A logits processor stamps the time whenever generate has new logits; the first stamp follows the
+    prompt's forward pass, so the n_tokens - 1 gaps between stamps are decode steps only (each: forward on
+    one token with the cache, the processors and the argmax), matching what greedy_decode times.
+    """
+    import torch
+    import transformers
+
+    stamps = []
+
+    class Stamp(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    with torch.no_grad():
+        output = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                do_sample=False, use_cache=True, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+                                logits_processor=transformers.LogitsProcessorList([Stamp()]),
+                                pad_token_id=0)
+    assert len(stamps) == n_tokens
+    return output[0, len(prompt):].tolist(), np.diff(stamps).tolist()
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def median_ms(step_seconds):
+    return 1e3 * float(statistics.median(step_seconds))
+
+
+def main():
+    args = parse_args()
+    load_at_start = os.getloadavg()
+    rng = np.random.default_rng(args.seed)
+    hparams = HPARAMS_124M
+    params = gpt2.init_params(hparams, rng)
+    prompt = rng.integers(0, hparams["n_vocab"], size=args.prompt_len).tolist()
+    weights_bytes = params_nbytes(params)
+    numpy_threads = openblas_threads() or len(os.sched_getaffinity(0))
+
+    # NumPy first: torch's OpenMP threads can keep spinning after it returns and steal the two cores.
+    read_gbps = read_bandwidth_gbps(5 * args.repeats, rng)
+    model = gpt2.GPT2Model(params, hparams)
+    greedy_decode(model, prompt, min(8, args.n_tokens))  # warm-up
+    steps, tokens = [], None
+    for _ in range(args.repeats):
+        tokens, step_seconds = greedy_decode(model, prompt, args.n_tokens)
+        steps += step_seconds
+    ratio = verify_ratio(params, hparams, prompt + tokens, 5 * args.repeats)
+
+    ms_per_token = median_ms(steps)
+    roofline_ms = 1e3 * weights_bytes / (read_gbps * 1e9)
+    result = {
+        "benchmark": "greedy decode, GPT-2 124M shape, random weights, float32, batch 1, CPU",
+        "ms_per_token": round(ms_per_token, 3),
+        "ms_per_token_statistic": f"median of {len(steps)} decode steps ({args.repeats} runs x "
+                                  f"{args.n_tokens - 1} steps after a {args.prompt_len}-token prompt)",
+        "ms_per_token_mean": round(1e3 * statistics.mean(steps), 3),
+        "weights_bytes": weights_bytes,
+        "read_GBps": round(read_gbps, 2),
+        "read_GBps_statistic": f"best of {5 * args.repeats}, x[1, 8192] @ W[8192, 8192] float32",
+        "roofline_ms_per_token": round(roofline_ms, 3),
+        "roofline_fraction": round(roofline_ms / ms_per_token, 3),
+        "verify_ratio": round(ratio, 3),
+        "verify_ratio_statistic": f"median time of a cached forward over 5 new tokens / over 1, after "
+                                  f"{args.prompt_len + args.n_tokens} cached, {5 * args.repeats} repetitions",
+    }
+    if not args.skip_hf:
+        import torch
+
+        torch.set_num_threads(numpy_threads)
+        hf = hf_model(params, hparams)
+        hf_greedy_decode(hf, prompt, min(8, args.n_tokens))  # warm-up
+        hf_steps, hf_tokens = [], None
+        for _ in range(args.repeats):
+            hf_tokens, step_seconds = hf_greedy_decode(hf, prompt, args.n_tokens)
+            hf_steps += step_seconds
+        result["hf_ms_per_token"] = round(median_ms(hf_steps), 3)
+        result["hf_ms_per_token_mean"] = round(1e3 * statistics.mean(hf_steps), 3)
+        result["speedup_vs_hf"] = round(median_ms(hf_steps) / ms_per_token, 3)
+        result["greedy_tokens_match_hf"] = hf_tokens == tokens
+        result["torch_threads"] = torch.get_num_threads()
+        result["torch_version"] = torch.__version__
+    result["targets_met"] = {"roofline_fraction>=0.8": result["roofline_fraction"] >= 0.8}
+    if "speedup_vs_hf" in result:
+        result["targets_met"]["speedup_vs_hf>=2"] = result["speedup_vs_hf"] >= 2
+    result["machine"] = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "numpy": np.__version__,
+                         "numpy_threads": numpy_threads, "blas": blas_info(), "python": platform.python_version(),
+                         "load_average_1_5_15min_at_start": load_at_start,
+                         "load_average_1_5_15min_at_end": os.getloadavg()}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
