@@ -1,0 +1,266 @@
+"""Speculative sampling samples from the target exactly.
+
+Two kinds of evidence:
+- At temperature 0 the decoders are deterministic: speculative sampling and greedy assisted
+  generation must give exactly the autoregressive tokens, on random-weight GPT-2 pairs.
+- At temperature > 0, on toy models whose next-token distributions are tables (with zeros in both p
+  and q), the empirical joint distribution of the first three generated tokens must pass a
+  chi-square test against the exact target distribution, at a fixed seed. The same test must reject
+  a deliberately wrong resampling rule, so it has teeth.
+"""
+
+import copy
+import math
+from itertools import product
+
+import numpy as np
+import pytest
+
+import gpt2
+import sampling
+
+# ---- a chi-square test without scipy -----------------------------------------------------------
+
+
+def regularized_upper_gamma(a, x):
+    """Q(a, x) = Gamma(a, x) / Gamma(a): a power series for P = 1 - Q below a + 1, a continued fraction above."""
+    if x <= 0:
+        return 1.0
+    log_prefactor = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1:  # P(a, x) = e^-x x^a / Gamma(a + 1) * sum_n x^n / ((a + 1) ... (a + n))
+        term = total = 1.0 / a
+        n = 0
+        while abs(term) > 1e-17 * abs(total):
+            n += 1
+            term *= x / (a + n)
+            total += term
+        return 1.0 - math.exp(log_prefactor) * total
+    # Q(a, x) = e^-x x^a / Gamma(a) / (x + 1 - a - 1 (1 - a) / (x + 3 - a - 2 (2 - a) / ...)), by Lentz's method
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    fraction = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        fraction *= d * c
+        if abs(d * c - 1) < 1e-16:
+            break
+    return math.exp(log_prefactor) * fraction
+
+
+def chi2_sf(statistic, df):
+    """P(X >= statistic) for X ~ chi-square with df degrees of freedom."""
+    return regularized_upper_gamma(df / 2, statistic / 2)
+
+
+def chi2_sf_closed_form(x, df):
+    """The textbook closed forms: even df as a finite Poisson sum, odd df through erfc."""
+    half = x / 2
+    if df % 2 == 0:
+        return math.exp(-half) * sum(half**i / math.factorial(i) for i in range(df // 2))
+    terms = sum(half ** (i + 0.5) / math.gamma(i + 1.5) for i in range(df // 2))
+    return math.erfc(math.sqrt(half)) + math.exp(-half) * terms
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 10, 25, 40, 63])
+def test_chi2_sf_matches_closed_forms(df):
+    for x in [0.01, 0.5, 1.0, df - 1.5, df, df + 3.0, 2.0 * df + 10, 4.0 * df + 40]:
+        if x > 0:
+            assert chi2_sf(x, df) == pytest.approx(chi2_sf_closed_form(x, df), rel=1e-9, abs=1e-300)
+
+
+def test_chi2_sf_matches_table_critical_values():
+    # 95th and 99.9th percentiles from standard chi-square tables
+    assert chi2_sf(3.841, 1) == pytest.approx(0.05, rel=1e-3)
+    assert chi2_sf(18.307, 10) == pytest.approx(0.05, rel=1e-3)
+    assert chi2_sf(124.342, 100) == pytest.approx(0.05, rel=1e-3)
+    assert chi2_sf(29.588, 10) == pytest.approx(0.001, rel=1e-3)
+
+
+def chi_square_p_value(counts, expected_probs, min_expected=5.0):
+    """Pearson's test of counts against probabilities; cells expected below min_expected are pooled."""
+    expected = expected_probs * counts.sum()
+    small = expected < min_expected
+    observed_cells = np.append(counts[~small], counts[small].sum())
+    expected_cells = np.append(expected[~small], expected[small].sum())
+    if expected_cells[-1] < min_expected:  # too little left to pool: fold it into the largest cell
+        largest = np.argmax(expected_cells[:-1])
+        observed_cells[largest] += observed_cells[-1]
+        expected_cells[largest] += expected_cells[-1]
+        observed_cells, expected_cells = observed_cells[:-1], expected_cells[:-1]
+    statistic = float(np.sum((observed_cells - expected_cells) ** 2 / expected_cells))
+    return chi2_sf(statistic, len(expected_cells) - 1)
+
+
+# ---- toy models --------------------------------------------------------------------------------
+
+NEVER = -np.inf  # a logit of probability zero
+
+# next-token logits given the previous token (rows) over a vocabulary of 4 tokens; both tables have
+# zeros, some where the other has mass: q-only tokens come only from resampling or the bonus token
+TARGET_TABLE = [[1.0, 0.5, NEVER, -0.5],
+                [NEVER, 0.2, 1.5, 0.0],
+                [0.3, NEVER, 0.3, 1.0],
+                [2.0, 0.0, -1.0, NEVER]]
+DRAFT_TABLE = [[0.0, 1.5, 0.5, NEVER],
+               [0.5, NEVER, 1.0, 0.8],
+               [1.0, 0.2, NEVER, 0.0],
+               [NEVER, 1.0, 0.5, 0.2]]
+PROMPT = [2, 0]
+N_TOKENS = 3
+N_SAMPLES = 20_000
+
+
+class TableModel:
+    """A project-contract model: logits of the next token depend on the previous token."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=np.float32)
+        self.n_vocab, self.n_ctx = self.table.shape[1], 64
+
+    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
+        return self.table[np.asarray(x)[-n_last:]]
+
+
+class TableCallable:
+    """The seed's contract: probabilities for every position of x."""
+
+    def __init__(self, table):
+        self.probs = sampling.softmax(np.asarray(table, dtype=np.float32))
+
+    def __call__(self, x):  # [n_seq] -> [n_seq, n_vocab]
+        return self.probs[np.asarray(x)]
+
+
+def exact_joint(table, settings, prompt=PROMPT, n_tokens=N_TOKENS):
+    """P(first n_tokens generated tokens) under the processed target, flattened in product order."""
+    q = sampling.logits_to_probs(np.asarray(table, dtype=np.float32), settings).astype(np.float64)
+    n_vocab = q.shape[1]
+    joint = []
+    for tokens in product(range(n_vocab), repeat=n_tokens):
+        previous = [prompt[-1], *tokens[:-1]]
+        joint.append(math.prod(q[prev, token] for prev, token in zip(previous, tokens)))
+    return np.array(joint)
+
+
+def empirical_counts(decode, n_vocab, n_samples=N_SAMPLES, seed=0):
+    """Counts of the first N_TOKENS generated tokens over n_samples runs of decode(rng) -> sequence."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(n_vocab**N_TOKENS, dtype=np.int64)
+    for _ in range(n_samples):
+        generated = decode(rng)[len(PROMPT):]
+        assert len(generated) == N_TOKENS
+        counts[np.ravel_multi_index(tuple(generated), (n_vocab,) * N_TOKENS)] += 1
+    return counts
+
+
+def assert_follows(counts, joint):
+    impossible = joint == 0
+    assert impossible.any() and counts[impossible].sum() == 0, "a sequence of probability zero was generated"
+    p_value = chi_square_p_value(counts[~impossible], joint[~impossible])
+    assert p_value > 1e-3, f"chi-square p-value {p_value:.2e}: the samples do not follow the target"
+
+
+SETTINGS_VARIANTS = {
+    "plain": {},
+    "temperature": {"temperature": 0.6},
+    "temperature, top-k and top-p": {"temperature": 1.7, "top_k": 3, "top_p": 0.8},
+}
+
+
+@pytest.mark.parametrize("name", SETTINGS_VARIANTS)
+def test_speculative_sampling_follows_the_target(name):
+    kwargs = SETTINGS_VARIANTS[name]
+    draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
+    counts = empirical_counts(lambda rng: sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, rng,
+                                                                        **kwargs), 4)
+    assert_follows(counts, exact_joint(TARGET_TABLE, sampling.SamplingSettings(**kwargs)))
+
+
+def test_seed_contract_callables_with_one_draft_per_loop_follow_the_target():
+    draft, target = TableCallable(DRAFT_TABLE), TableCallable(TARGET_TABLE)
+    counts = empirical_counts(lambda rng: sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 1, rng), 4)
+    assert_follows(counts, exact_joint(TARGET_TABLE, sampling.SamplingSettings()))
+
+
+def test_autoregressive_sampling_follows_the_model():
+    target = TableModel(TARGET_TABLE)
+    counts = empirical_counts(lambda rng: sampling.autoregressive_sampling(PROMPT, target, N_TOKENS, rng, top_p=0.9), 4)
+    assert_follows(counts, exact_joint(TARGET_TABLE, sampling.SamplingSettings(top_p=0.9)))
+
+
+def test_resampling_from_q_instead_of_max_fn_is_caught(monkeypatch):
+    # the wrong rule: after a rejection, sample from q itself rather than from max_fn(q - p)
+    monkeypatch.setattr(sampling, "max_fn", lambda x, fallback: fallback)
+    draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
+    counts = empirical_counts(lambda rng: sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, rng), 4)
+    joint = exact_joint(TARGET_TABLE, sampling.SamplingSettings())
+    assert counts[joint == 0].sum() == 0  # the wrong rule still only samples possible tokens...
+    assert chi_square_p_value(counts[joint > 0], joint[joint > 0]) < 1e-9  # ...at the wrong frequencies
+
+
+# ---- temperature 0: exactly the autoregressive tokens ------------------------------------------
+
+HPARAMS = {"n_vocab": 96, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
+PROMPTS = [[1, 2, 3], [50], [7, 7, 7, 7, 80, 1]]
+N_GREEDY = 30
+
+
+def random_target():
+    """A random GPT-2 whose blocks matter: weights 10x GPT-2's init, so greedy text varies and has no ties."""
+    params = gpt2.init_params(HPARAMS, np.random.default_rng(0))
+    for block in params["blocks"]:
+        for layer in [*block["attn"].values(), *block["mlp"].values()]:
+            layer["w"] *= 10
+    return params
+
+
+def perturbed(params, noise, seed):
+    """A draft that mostly agrees with the target: its weights plus noise of `noise` times their spread."""
+    rng = np.random.default_rng(seed)
+    perturb = lambda w: (w + noise * w.std() * rng.standard_normal(w.shape)).astype(np.float32)
+    return _map_arrays(perturb, copy.deepcopy(params))
+
+
+def _map_arrays(f, tree):
+    if isinstance(tree, dict):
+        return {key: _map_arrays(f, value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_map_arrays(f, value) for value in tree]
+    return f(tree)
+
+
+@pytest.fixture(scope="module")
+def greedy_pairs():
+    """(draft, target) parameter pairs: a close draft, and an unrelated smaller one sharing the vocabulary."""
+    target = random_target()
+    small_hparams = {**HPARAMS, "n_embd": 16, "n_layer": 1}
+    small = gpt2.init_params(small_hparams, np.random.default_rng(5))
+    return target, [(perturbed(target, 0.05, 1), HPARAMS), (small, small_hparams)]
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_speculative_and_assisted_equal_autoregressive(greedy_pairs, use_cache):
+    target_params, drafts = greedy_pairs
+    target = gpt2.GPT2Model(target_params, HPARAMS, use_cache=use_cache)
+    accepted = rejected = 0
+    for prompt in PROMPTS:
+        expected = sampling.autoregressive_sampling(prompt, target, N_GREEDY, np.random.default_rng(0), temperature=0)
+        assert len(set(expected[len(prompt):].tolist())) > 5  # a varied continuation, not one token repeated
+        for draft_params, draft_hparams in drafts:
+            draft = gpt2.GPT2Model(draft_params, draft_hparams, use_cache=use_cache)
+            for K in range(1, 9):
+                stats = sampling.SpeculativeStats()
+                tokens = sampling.speculative_sampling(prompt, draft, target, N_GREEDY, K, np.random.default_rng(K),
+                                                       temperature=0, stats=stats)
+                np.testing.assert_array_equal(tokens, expected, err_msg=f"K={K}, prompt {prompt}")
+                accepted, rejected = accepted + stats.accepted, rejected + stats.drafted - stats.accepted
+            assisted = sampling.greedy_assisted_generation(prompt, draft, target, N_GREEDY)
+            np.testing.assert_array_equal(assisted, expected, err_msg=f"assisted, prompt {prompt}")
+    assert accepted > 100 and rejected > 100  # both branches of the rejection rule were exercised
