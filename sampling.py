@@ -69,6 +69,7 @@ class SamplingSettings:
 
 GREEDY = SamplingSettings(temperature=0)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+FLOAT32_BELOW_ONE = 1 - 2**-24  # the largest float32 below 1
 
 
 # ---- logits -> probabilities -------------------------------------------------------------------
@@ -200,7 +201,7 @@ class SpeculativeStats:
 
     loops: int = 0
     target_calls: int = 0
-    draft_calls: int = 0
+    draft_calls: int = 0  # forward steps of the draft model, one per drafted token
     drafted: int = 0
     accepted: int = 0
     target_seconds: float = 0.0
@@ -209,9 +210,9 @@ class SpeculativeStats:
     # rejection) or "bonus" (the extra token after all K drafts were accepted)
     origins: list = field(default_factory=list)
 
-    def record_call(self, role, seconds):
+    def record_call(self, role, seconds, steps=1):
         if role == "draft":
-            self.draft_calls += 1
+            self.draft_calls += steps  # a fused call drafting K tokens counts as K calls
             self.draft_seconds += seconds
         else:
             self.target_calls += 1
@@ -259,6 +260,27 @@ def timed_probs(model, x, n_last, settings, stats, role):
     probs = next_token_probs(model, x, n_last, settings)
     stats.record_call(role, time.perf_counter() - start)
     return probs
+
+
+def draw_drafts(draft_model, x, K, settings, rng, stats):  # -> drafts [K], p [K, n_vocab]
+    """K tokens drawn auto-regressively from the draft model, with the distributions p they came from.
+
+    A model with a `draft` method (the JAX model) takes all K steps in one device call, drawing each
+    token by inverse CDF from the uniform numbers we give it; the others take one call per token.
+    Either way every drafted token is drawn from exactly the row of p that enters the ratio q/p.
+    """
+    if hasattr(draft_model, "draft") and K > 0:
+        start = time.perf_counter()
+        # the model reads the uniforms as float32, where values this close to 1 would round up to 1
+        uniforms = np.minimum(rng.random(K), FLOAT32_BELOW_ONE)
+        drafts, p = draft_model.draft(x, K, uniforms, settings.temperature, settings.top_k, settings.top_p)
+        stats.record_call("draft", time.perf_counter() - start, steps=K)
+        return np.asarray(drafts, dtype=np.int64), np.asarray(p, dtype=np.float32)
+    x_draft, p = x, []
+    for _ in range(K):
+        p.append(timed_probs(draft_model, x_draft, 1, settings, stats, "draft")[0])
+        x_draft = np.append(x_draft, sample(p[-1], rng))
+    return x_draft[len(x):], p
 
 
 # ---- input checks ------------------------------------------------------------------------------
@@ -328,11 +350,8 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
         stats.loops += 1
         stats.drafted += K_n
         # for t = 1 : K, sample draft x~_t ~ p(x | x_1..x_n, x~_1..x~_{t-1}) auto-regressively
-        x_draft, p = x, []
-        for _ in range(K_n):
-            p.append(timed_probs(draft_model, x_draft, 1, settings, stats, "draft")[0])
-            x_draft = np.append(x_draft, sample(p[-1], rng))
-        drafts = x_draft[n:]
+        drafts, p = draw_drafts(draft_model, x, K_n, settings, rng, stats)
+        x_draft = np.append(x, drafts)
         # in parallel, the K + 1 distributions q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K): one call
         q = timed_probs(target_model, x_draft, K_n + 1, settings, stats, "target")
         n_loop_start = n
@@ -365,18 +384,16 @@ def greedy_assisted_generation(x, draft_model, target_model, N, K=5, *, stats=No
     1 (never below 1) otherwise.
     """
     check_K(K)
-    x, _, stats, progress = prepare(x, N, [draft_model, target_model], None, stats, progress)
+    # draws from one-hot distributions do not depend on the uniform numbers: any generator will do
+    x, rng, stats, progress = prepare(x, N, [draft_model, target_model], np.random.default_rng(0), stats, progress)
     n = len(x)
     T = n + N
     while n < T:
         K_n = min(K, T - n - 1)  # as in speculative_sampling: never past T
         stats.loops += 1
         stats.drafted += K_n
-        x_draft = x
-        for _ in range(K_n):  # the draft's greedy continuation
-            p = timed_probs(draft_model, x_draft, 1, GREEDY, stats, "draft")[0]
-            x_draft = np.append(x_draft, np.argmax(p))
-        drafts = x_draft[n:]
+        drafts, _ = draw_drafts(draft_model, x, K_n, GREEDY, rng, stats)  # the draft's greedy continuation
+        x_draft = np.append(x, drafts)
         q = timed_probs(target_model, x_draft, K_n + 1, GREEDY, stats, "target")
         target_choice = np.argmax(q, axis=-1)  # the target's greedy token after x and after each draft
         mismatches = np.flatnonzero(drafts != target_choice[:K_n])
