@@ -1,0 +1,27 @@
+"""Build a model on the chosen backend: NumPy (always there) or JAX (optional, imported only when asked for).
+
+Both give the same interface (gpt2.GPT2Model's): `logits(x, n_last)`, `reset()`, `n_vocab`, `n_ctx` and
+the seed's `__call__`. JAX's model also has `draft()`, K draft steps in one device call.
+"""
+
+import gpt2
+
+BACKENDS = ("numpy", "jax")
+JAX_MISSING = "the JAX backend needs jax: pip install jax (CPU) or pip install -U 'jax[cuda12]' (NVIDIA GPU)"
+
+
+def make_model(params, hparams, backend="numpy", dtype="float32"):
+    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "numpy":
+        if dtype != "float32":
+            raise ValueError(f"the numpy backend computes in float32 only, got dtype {dtype!r} (try --backend jax)")
+        return gpt2.GPT2Model(params, hparams)
+    try:
+        import gpt2_jax
+    except ImportError as error:
+        if error.name is None or error.name.split(".")[0] not in ("jax", "jaxlib"):
+            raise  # a different missing module: not ours to explain
+        raise ImportError(JAX_MISSING) from error
+    return gpt2_jax.JaxGPT2Model(params, hparams, dtype=dtype)

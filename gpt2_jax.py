@@ -1,0 +1,232 @@
+"""GPT-2 on JAX: gpt2.py's forward pass run by jax.numpy under jax.jit, the weights on the device.
+
+`JaxGPT2Model` has GPT2Model's interface (`logits(x, n_last)`, the seed's `__call__`, `reset`, `n_vocab`,
+`n_ctx`), so the sampling algorithms use it unchanged. What makes it fast on an accelerator:
+
+- The weights are copied to the device once. The KV cache lives there too, as static-shape buffers of
+  n_ctx positions per layer (gpt2.empty_cache); the jitted step donates them, so XLA updates them in
+  place instead of copying the whole cache every token.
+- The step is compiled once per *bucket*, not once per call: the tokens to feed are padded to the next
+  power of two (capped at n_ctx) and their position `start` is a traced scalar, so decoding token after
+  token reuses one compiled program. The padding is harmless: padded positions come after every real
+  query, so causal_mask hides them, and the next real tokens overwrite them.
+- `draft()` runs a draft model's K sampling steps in one device call (a lax.fori_loop; K padded to a
+  power of two as well): a small model's step costs less on the device than the host spends
+  dispatching it (GUIDE section 3).
+
+dtype="bfloat16" stores the weights and the KV cache in bfloat16, half the bytes to read per token.
+(gpt2.causal_mask is float32, so for now the attention's scores + mask turns the residual stream back
+to float32 and the later matmuls mix float32 activations with bfloat16 weights; a test marks this.)
+Logits and probabilities always come back as float32 NumPy arrays.
+"""
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import gpt2
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# How often each jitted function below has been traced. jax.jit traces only when its cache misses, and
+# every trace is followed by a compilation, so this counts compilations: the tests use it to check that
+# decoding does not recompile per token.
+TRACES = collections.Counter()
+
+
+def bucket_size(n_tokens, n_ctx):
+    """The padded length a block of n_tokens is fed as: the next power of two, at most n_ctx."""
+    return min(n_ctx, 1 << (n_tokens - 1).bit_length())
+
+
+# ------------------------------------------------------------------------------ sampling on the device
+
+
+def probabilities(logits, temperature=1.0, top_k=0, top_p=1.0):  # [n_vocab] -> [n_vocab], float32
+    """Logits -> the distribution to sample from, as sampling.logits_to_probs computes it on the host.
+
+    Temperature, then top-k (ties with the k-th kept), then top-p (keep a token while the more likely
+    ones hold less than top_p; equal probabilities rank by id), renormalised; temperature 0 is a one-hot
+    at the argmax, ties to the lowest id. The settings are Python numbers, fixed at trace time. One
+    difference: the host sums top-p's mass in float64, which JAX does not have by default, so a token
+    whose mass lands within float32 rounding of top_p may be cut differently.
+    """
+    logits = logits.astype(jnp.float32)
+    if temperature == 0:
+        return jax.nn.one_hot(jnp.argmax(logits), logits.shape[-1], dtype=jnp.float32)
+    scaled = (logits - jnp.max(logits)) / temperature  # max first: a tiny temperature cannot overflow
+    if 0 < top_k < logits.shape[-1]:
+        kth_highest = lax.top_k(scaled, top_k)[0][-1]
+        scaled = jnp.where(scaled < kth_highest, -jnp.inf, scaled)
+    probs = gpt2.softmax(scaled)
+    if top_p < 1:
+        order = jnp.argsort(-probs, stable=True)
+        sorted_probs = probs[order]
+        mass_above = jnp.cumsum(sorted_probs) - sorted_probs  # the mass of the tokens ranked above
+        keep = jnp.zeros(probs.shape, dtype=bool).at[order].set(mass_above < top_p)
+        kept = jnp.where(keep, probs, 0.0)
+        probs = kept / jnp.sum(kept)
+    return probs
+
+
+def sample_inverse_cdf(probs, uniform):  # [n_vocab], scalar in [0, 1) -> token id
+    """A draw from probs given one uniform number, as sampling.sample draws on the host.
+
+    The first token whose cumulative mass exceeds uniform * total (scaling by the total keeps float32
+    rounding from pushing the draw off the end). A token of probability zero is never drawn, however the
+    device's parallel cumulative sum rounds; if rounding leaves no positive token past the threshold,
+    the last token of positive probability is drawn.
+    """
+    cumulative = jnp.cumsum(probs)
+    hits = (cumulative > uniform * cumulative[-1]) & (probs > 0)
+    last_possible = probs.shape[-1] - 1 - jnp.argmax(probs[::-1] > 0)
+    return jnp.where(jnp.any(hits), jnp.argmax(hits), last_possible)
+
+
+# ---------------------------------------------------------------------------------- jitted functions
+# Static arguments: the number of logits rows n_out, n_head and the sampling settings, all fixed for a run.
+# Traced arguments: tokens, positions, row offsets and K, so that new values never recompile.
+
+
+@functools.partial(jax.jit, static_argnames=("n_head", "n_out"), donate_argnames=("cache",))
+def feed_block(params, cache, tokens, start, first_row, n_head, n_out):
+    """Feed a padded block at positions start..; return logits rows first_row.. (n_out of them) and the cache."""
+    TRACES["feed_block"] += 1
+    logits, cache = gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start)
+    rows = lax.dynamic_slice_in_dim(logits, first_row, n_out)  # [n_out, n_vocab]
+    return rows.astype(jnp.float32), cache
+
+
+@functools.partial(jax.jit, static_argnames=("n_head", "temperature", "top_k", "top_p"), donate_argnames=("cache",))
+def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head, temperature, top_k, top_p):
+    """Draw n_draft tokens one after another on the device, starting from the logits of the last token fed.
+
+    Token i is drawn with uniforms[i] from its distribution p_i; every token but the last is fed back, at
+    position, position + 1, ... The outputs have the static length of `uniforms` (a bucket, so that a K
+    changing from loop to loop does not recompile) and n_draft, traced, says how many are real. Returns
+    the tokens, their distributions [len(uniforms), n_vocab] and the cache.
+    """
+    TRACES["draft_tokens"] += 1
+
+    def draw(i, logits_row):  # -> token id, its distribution [n_vocab]
+        probs = probabilities(logits_row, temperature, top_k, top_p)
+        return sample_inverse_cdf(probs, uniforms[i]).astype(jnp.int32), probs
+
+    def draw_and_feed(i, carry):
+        cache, logits_row, drafted, drafted_probs = carry
+        token, probs = draw(i, logits_row)
+        next_logits, cache = gpt2.gpt2_with_cache(token[None], **params, n_head=n_head, cache=cache,
+                                                  start=position + i)
+        return cache, next_logits[0].astype(jnp.float32), drafted.at[i].set(token), drafted_probs.at[i].set(probs)
+
+    n_out, n_vocab = uniforms.shape[0], logits_row.shape[-1]
+    carry = (cache, logits_row, jnp.zeros(n_out, jnp.int32), jnp.zeros((n_out, n_vocab), jnp.float32))
+    cache, logits_row, drafted, drafted_probs = lax.fori_loop(0, n_draft - 1, draw_and_feed, carry)
+    token, probs = draw(n_draft - 1, logits_row)  # the last draft is not fed: nobody needs its logits yet
+    return drafted.at[n_draft - 1].set(token), drafted_probs.at[n_draft - 1].set(probs), cache
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+
+class JaxGPT2Model:
+    """GPT2Model's interface and cache rollback, computed by JAX on its default device.
+
+    The cache has the compute dtype (float32, or bfloat16 to halve its reads as well as the weights').
+    """
+
+    def __init__(self, params, hparams, dtype="float32"):
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r} for the JAX backend: choose float32 or bfloat16")
+        self.hparams, self.dtype = hparams, dtype
+        self.n_vocab, self.n_ctx, self.n_head = hparams["n_vocab"], hparams["n_ctx"], hparams["n_head"]
+        # NumPy arrays are copied to the device once; arrays already there (a benchmark's) stay there
+        self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype=COMPUTE_DTYPES[dtype]), params)
+        self.reset()
+
+    def reset(self):
+        """Forget everything cached (start a new sequence)."""
+        self.cache = [(k.astype(COMPUTE_DTYPES[self.dtype]), v.astype(COMPUTE_DTYPES[self.dtype]))
+                      for k, v in gpt2.empty_cache(self.hparams, xp=jnp)]
+        self.cached_tokens = np.zeros(0, dtype=np.int64)
+
+    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab], float32 NumPy
+        x = self._check_tokens(x)
+        if not 1 <= n_last <= len(x):
+            raise ValueError(f"n_last must be between 1 and the sequence length {len(x)}, got {n_last}")
+        rows, offset = self._feed(x, n_last)
+        return np.asarray(rows)[offset:offset + n_last]
+
+    def __call__(self, x):  # the seed's contract: probabilities for every position, [n_seq, n_vocab]
+        x = self._check_tokens(x)
+        return gpt2.softmax(self.logits(x, n_last=len(x)))
+
+    def draft(self, x, n_draft, uniforms, temperature=1.0, top_k=0, top_p=1.0):
+        """Draw n_draft tokens after x in one device call: -> (tokens [n_draft] int64, p [n_draft, n_vocab]).
+
+        Token i is drawn from p[i] (float32, after temperature, top-k and top-p, as `probabilities` does) by
+        inverse CDF with uniforms[i], numbers the caller draws from its own numpy Generator, so a seeded run
+        is reproducible. At temperature 0, p[i] is the one-hot argmax and the uniforms do not matter.
+        Afterwards the cache holds x and the first n_draft - 1 drafted tokens.
+        """
+        x = self._check_tokens(x)
+        uniforms = np.asarray(uniforms, dtype=np.float64).reshape(-1)
+        if n_draft < 1 or len(uniforms) != n_draft:
+            raise ValueError(f"draft needs n_draft >= 1 and one uniform per token, got {n_draft} and {len(uniforms)}")
+        if not np.all((uniforms >= 0) & (uniforms < 1)):
+            raise ValueError("the uniforms must lie in [0, 1)")
+        if len(x) + n_draft - 1 > self.n_ctx:
+            raise ValueError(f"drafting {n_draft} tokens after {len(x)} exceeds the model's context of {self.n_ctx}")
+        # float32 on the device, where a uniform within 2**-25 of 1 would round up to 1 itself
+        padded_uniforms = np.zeros(bucket_size(n_draft, self.n_ctx), dtype=np.float32)  # K bucketed, like blocks
+        padded_uniforms[:n_draft] = np.minimum(uniforms, np.nextafter(np.float32(1), np.float32(0)))
+        last_logits, _ = self._feed(x, 1)  # stays on the device: the draft loop is queued right behind it
+        drafted, probs, self.cache = draft_tokens(
+            self.params, self.cache, last_logits[0], np.int32(len(x)), padded_uniforms, np.int32(n_draft),
+            n_head=self.n_head, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        drafted = np.asarray(drafted)[:n_draft].astype(np.int64)
+        self.cached_tokens = np.concatenate([x, drafted[:-1]])
+        return drafted, np.asarray(probs)[:n_draft]
+
+    def _feed(self, x, n_last):
+        """Feed what the cache lacks of x (rolling back to the longest cached prefix, keeping n_last to feed).
+
+        -> (logits rows on the device, the index of x's last n_last rows among them). Decoding (n_last 1)
+        brings back one row; anything else brings back the whole padded block, so that n_last, like the
+        block's length, takes few distinct values and compiles few programs.
+        """
+        start = min(gpt2.common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
+        block, block_start = self._padded_block(x, start)
+        n_real = len(x) - block_start  # real tokens in the block; the rest is padding
+        n_out = 1 if n_last == 1 else len(block)
+        first_row = n_real - n_out if n_last == 1 else 0
+        rows, self.cache = feed_block(self.params, self.cache, block, np.int32(block_start), np.int32(first_row),
+                                      n_head=self.n_head, n_out=n_out)
+        self.cached_tokens = x
+        return rows, n_real - n_last - first_row
+
+    def _check_tokens(self, x):
+        x = np.asarray(x)
+        if x.ndim != 1 or len(x) == 0 or not np.issubdtype(x.dtype, np.integer):
+            raise ValueError(f"expected a non-empty 1-D sequence of token ids, got shape {x.shape} of {x.dtype}")
+        if len(x) > self.n_ctx:
+            raise ValueError(f"a sequence of {len(x)} tokens exceeds the model's context of {self.n_ctx}")
+        if x.min() < 0 or x.max() >= self.n_vocab:  # JAX would clamp an out-of-range id silently
+            raise ValueError(f"token ids must lie in [0, {self.n_vocab}), got {x.min()}..{x.max()}")
+        return x.astype(np.int64)
+
+    def _padded_block(self, x, start):
+        """x[start:] padded with token 0 to a bucket size -> (block int32 [bucket], its first position).
+
+        Near the end of the context the bucket may not fit after start; the block then begins earlier and
+        feeds some cached tokens again, which rewrites their keys and values (the same up to rounding).
+        """
+        bucket = bucket_size(len(x) - start, self.n_ctx)
+        block_start = min(start, self.n_ctx - bucket)
+        block = np.zeros(bucket, dtype=np.int32)
+        block[:len(x) - block_start] = x[block_start:]
+        return block, block_start
