@@ -176,7 +176,8 @@ def hparams_from_hf_config(path):
     """A Hugging Face GPT-2 config.json as OpenAI's hparams, after checking its architecture is ours."""
     config = read_json(path)
     expected = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
-                "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,)}
+                "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
+                "tie_word_embeddings": (True,)}  # gpt2.py's output projection is wte.T
     for key, allowed in expected.items():
         if config.get(key, allowed[0]) not in allowed:
             raise CheckpointError(f"{path}: {key} is {config[key]!r}; this GPT-2 implementation needs {allowed[0]!r}")
@@ -324,16 +325,12 @@ class SafetensorsFile:
 
     def _check_entry(self, name, entry):
         try:
-            dtype, shape, (begin, end) = SAFETENSORS_DTYPES.get(entry["dtype"]), entry["shape"], entry["data_offsets"]
-            if not all(isinstance(size, int) and size >= 0 for size in shape):
-                raise TypeError
-            size = math.prod(shape) * (dtype.itemsize if dtype else 0)
+            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            if not all(isinstance(size, int) and size >= 0 for size in shape) or not 0 <= begin <= end:
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{self.path}: malformed header entry for {name!r}") from None
-        if dtype is None:
-            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {entry['dtype']}; "
-                                  f"supported: {', '.join(SAFETENSORS_DTYPES)}")
-        if end - begin != size or begin < 0:
+        if dtype in SAFETENSORS_DTYPES and end - begin != math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize:
             raise CheckpointError(f"{self.path}: tensor {name!r} of shape {shape} spans bytes {begin}..{end}")
         if self.data_start + end > self.file_size:
             raise CheckpointError(f"{self.path}: truncated (tensor {name!r} ends past the end of the file)")
@@ -341,7 +338,10 @@ class SafetensorsFile:
 
     def read(self, name):
         entry = self.entries[name]
-        array = np.empty(entry["shape"], entry["dtype"])
+        if entry["dtype"] not in SAFETENSORS_DTYPES:  # checked here: unused buffers may have other types
+            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {entry['dtype']}; "
+                                  f"supported: {', '.join(SAFETENSORS_DTYPES)}")
+        array = np.empty(entry["shape"], SAFETENSORS_DTYPES[entry["dtype"]])
         with open(self.path, "rb") as f:
             f.seek(self.data_start + entry["begin"])
             if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != array.nbytes:

@@ -6,6 +6,7 @@ with TensorFlow, which the tests never import): tiny GPT-2s saved by TensorFlow'
 OpenAI's names, TensorFlow's own reading of them (tf_arrays.npz), and writer_crosscheck.json.
 """
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -274,3 +275,96 @@ def test_hparams_that_disagree_with_the_checkpoint(tmp_path):
     (model_dir / "hparams.json").write_text(json.dumps({**hparams, "n_head": 3}))
     with pytest.raises(CheckpointError, match="multiple of n_head"):
         utils.load_encoder_hparams_and_params("tiny", tmp_path)
+
+
+# ---------------------------------------------------------------- Hugging Face safetensors
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    """Random tiny transformers GPT-2s saved with save_pretrained: {(class, dtype): (folder, state dict)}."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=260, n_positions=16, n_embd=8, n_layer=2, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    models = {}
+    for class_name in ("GPT2LMHeadModel", "GPT2Model"):  # weights named transformer.wte.weight / wte.weight
+        torch.manual_seed(0)
+        model = getattr(transformers, class_name)(config).eval()
+        for dtype in ("float32", "float16", "bfloat16"):
+            folder = tmp_path_factory.mktemp(f"{class_name}-{dtype}")
+            typed = copy.deepcopy(model).to(getattr(torch, dtype))  # Module.to converts in place
+            typed.save_pretrained(folder)
+            for name in ("encoder.json", "vocab.bpe"):
+                shutil.copy(TINY["float32"] / name, folder / name)
+            state = {name: tensor.float().numpy() for name, tensor in typed.state_dict().items()}
+            models[class_name, dtype] = folder, state, typed
+    return models
+
+
+@pytest.mark.parametrize("class_name", ["GPT2LMHeadModel", "GPT2Model"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_safetensors_params_equal_the_torch_state_dict(hf_models, class_name, dtype):
+    folder, state, _ = hf_models[class_name, dtype]
+    prefix = "transformer." if class_name == "GPT2LMHeadModel" else ""
+    assert (prefix + "wte.weight") in utils.SafetensorsFile(folder / "model.safetensors").shapes
+    _, hparams, params = utils.load_encoder_hparams_and_params(folder.name, folder.parent)
+    assert hparams == {"n_vocab": 260, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 2}
+    n_compared = 0
+    for path, _ in utils.param_leaves(hparams["n_layer"]):
+        ours = params
+        for key in path:
+            ours = ours[key]
+        assert ours.dtype == np.float32
+        np.testing.assert_array_equal(ours, state[prefix + utils.hf_name(path)])
+        n_compared += 1
+    assert n_compared == 4 + 12 * 2 and params["blocks"][1]["mlp"]["c_fc"]["w"].shape == (8, 32)
+
+
+def test_safetensors_logits_match_transformers(hf_models):
+    torch = pytest.importorskip("torch")
+    folder, _, model = hf_models["GPT2LMHeadModel", "float32"]
+    encoder, hparams, params = utils.load_encoder_hparams_and_params(folder.name, folder.parent)
+    ids = encoder.encode(" the thin in the")
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    logits = gpt2.gpt2(np.array(ids), **params, n_head=hparams["n_head"])
+    assert logits.dtype == np.float32 and logits.shape == (len(ids), 260)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_safetensors_extra_buffers_are_skipped(tmp_path):
+    """Older checkpoints also store attention-mask buffers (other dtypes) and the tied lm_head."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    shutil.copytree(TINY["float16"], tmp_path / "hf")
+    expected = {}
+    for path, leaf in utils.param_leaves(2):
+        value = TFCheckpoint(TINY["float16"] / "model.ckpt").read(utils.openai_name(path))
+        expected[utils.hf_name(path)] = value[0] if leaf[-1] == "w" else value
+    extra = {"h.0.attn.bias": np.tril(np.ones((1, 1, 16, 16), bool)), "h.0.attn.masked_bias": np.array(-1e4, np.float32),
+             "lm_head.weight": expected["wte.weight"]}
+    safetensors_numpy.save_file({**expected, **extra}, str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"vocab_size": 260, "n_positions": 16, "n_embd": 8,
+                                                             "n_head": 2, "n_layer": 2}))
+    _, _, params = utils.load_encoder_hparams_and_params("hf", tmp_path)
+    np.testing.assert_array_equal(params["blocks"][1]["attn"]["c_proj"]["w"], expected["h.1.attn.c_proj.weight"])
+    assert params["wte"].dtype == np.float32
+
+
+def test_safetensors_damage_and_foreign_configs(hf_models, tmp_path):
+    folder, _, _ = hf_models["GPT2Model", "float32"]
+    shutil.copytree(folder, tmp_path / "hf")
+    weights, config_path = tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json"
+    config = json.loads(config_path.read_text())
+    for key, value in (("activation_function", "relu"), ("tie_word_embeddings", False), ("n_inner", 12)):
+        config_path.write_text(json.dumps({**config, key: value}))
+        with pytest.raises(CheckpointError, match=key):
+            utils.load_encoder_hparams_and_params("hf", tmp_path)
+    config_path.write_text(json.dumps(config))
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="truncated") as error:
+        utils.load_encoder_hparams_and_params("hf", tmp_path)
+    assert str(weights) in str(error.value)
+    config_path.unlink()
+    with pytest.raises(utils.MissingModelFileError, match="config.json"):
+        utils.load_encoder_hparams_and_params("hf", tmp_path)
