@@ -1,0 +1,211 @@
+"""main.py from the command line: a successful --json run on a tiny pair, and every bad input
+answered by a one- or two-line error and a nonzero exit status, never a traceback."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpt2
+import main
+from conftest import REPO
+from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
+from test_exactness import perturbed
+from tf_checkpoint import write_tf_checkpoint
+
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
+OTHER_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "n")]  # same size, another vocabulary
+N_VOCAB = 256 + len(MERGES) + 1  # byte tokens, merges, <|endoftext|>
+TARGET = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
+DRAFT = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 1}
+
+
+def write_vocabulary(model_dir, merges):
+    tokens = list(bytes_to_unicode().values()) + [first + second for first, second in merges] + [EOT]
+    (model_dir / "encoder.json").write_text(json.dumps({token: i for i, token in enumerate(tokens)}))
+    (model_dir / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+
+
+def tf_tensors(params):
+    """Our params under OpenAI's checkpoint names, conv1d weights as [1, n_in, n_out] (GUIDE section 5)."""
+    tensors = {"model/wte": params["wte"], "model/wpe": params["wpe"],
+               "model/ln_f/g": params["ln_f"]["g"], "model/ln_f/b": params["ln_f"]["b"]}
+    for i, block in enumerate(params["blocks"]):
+        for path, layer in [("ln_1", block["ln_1"]), ("ln_2", block["ln_2"]), ("attn/c_attn", block["attn"]["c_attn"]),
+                            ("attn/c_proj", block["attn"]["c_proj"]), ("mlp/c_fc", block["mlp"]["c_fc"]),
+                            ("mlp/c_proj", block["mlp"]["c_proj"])]:
+            for key, array in layer.items():
+                tensors[f"model/h{i}/{path}/{key}"] = array[None] if key == "w" else array
+    return tensors
+
+
+def random_params(hparams, seed, scale=10.0):
+    """A random GPT-2 whose blocks matter (weights scaled up), so greedy text varies."""
+    params = gpt2.init_params(hparams, np.random.default_rng(seed))
+    for block in params["blocks"]:
+        for layer in [*block["attn"].values(), *block["mlp"].values()]:
+            layer["w"] *= scale
+    return params
+
+
+def write_model(model_dir, hparams, params, merges=MERGES):
+    """An OpenAI-style model folder: hparams.json, checkpoint, encoder.json, vocab.bpe, model.ckpt.*."""
+    model_dir.mkdir(parents=True)
+    (model_dir / "hparams.json").write_text(json.dumps(hparams))
+    (model_dir / "checkpoint").write_text('model_checkpoint_path: "model.ckpt"\n'
+                                          'all_model_checkpoint_paths: "model.ckpt"\n')
+    write_vocabulary(model_dir, merges)
+    write_tf_checkpoint(str(model_dir / "model.ckpt"), tf_tensors(params))
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = random_params(TARGET, seed=0)
+    write_model(root / "target", TARGET, target)
+    write_model(root / "draft", TARGET, perturbed(target, 0.05, seed=1))  # a draft that often agrees
+    write_model(root / "other-vocabulary", DRAFT, random_params(DRAFT, seed=2), merges=OTHER_MERGES)
+    shutil.copytree(root / "target", root / "corrupt")
+    data = root / "corrupt" / "model.ckpt.data-00000-of-00001"
+    corrupted = bytearray(data.read_bytes())
+    corrupted[len(corrupted) // 2] ^= 0xFF
+    data.write_bytes(bytes(corrupted))
+    (root / "no-checkpoint").mkdir()
+    for name in ["hparams.json", "encoder.json", "vocab.bpe"]:
+        shutil.copy(root / "target" / name, root / "no-checkpoint" / name)
+    return root
+
+
+def run_main(*args, models_dir=None):
+    """main.py in a subprocess without network access (downloads go to a proxy that refuses them)."""
+    offline = {name: "http://127.0.0.1:9" for name in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"]}
+    env = {**os.environ, **offline, "NO_PROXY": "", "no_proxy": ""}
+    flags = ["--models_dir", str(models_dir)] if models_dir else []
+    return subprocess.run([sys.executable, str(REPO / "main.py"), *flags, *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300)
+
+
+PAIR = ["--draft_model_size", "draft", "--target_model_size", "target", "--prompt", "the"]
+
+
+def test_json_run_on_a_tiny_pair(models_dir):
+    n_tokens = 20
+    result = run_main(*PAIR, "--prompt", "the cat, the hat", "--n_tokens_to_generate", str(n_tokens), "--K", "3",
+                      "--temperature", "0", "--decoder", "autoregressive,speculative,assisted", "--json",
+                      models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    output = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"prompt", "draft", "target", "K", "temperature", "top_k", "top_p", "seed", "n_tokens", "autoregressive",
+            "speculative", "speedup"} <= output.keys()
+    assert output["prompt"] == "the cat, the hat" and output["n_tokens"] == n_tokens and output["K"] == 3
+    assert set(output["autoregressive"]) >= {"tokens", "text", "seconds", "target_calls"}
+    assert set(output["speculative"]) >= {"tokens", "text", "seconds", "target_calls", "draft_calls", "drafted",
+                                          "accepted", "acceptance_rate", "expected_speedup"}
+    encoder = get_encoder_from_dir(models_dir / "target")
+    for name in ["autoregressive", "speculative", "assisted"]:
+        tokens = output[name]["tokens"]
+        assert len(tokens) == n_tokens and all(isinstance(token, int) for token in tokens)
+        assert output[name]["text"] == encoder.decode(tokens)
+        assert tokens == output["autoregressive"]["tokens"]  # greedy: every decoder gives the target's tokens
+    assert output["autoregressive"]["target_calls"] == n_tokens
+    assert output["speculative"]["target_calls"] < n_tokens
+    assert output["speedup"] == pytest.approx(output["autoregressive"]["seconds"] / output["speculative"]["seconds"])
+
+
+def test_text_report_colours_only_when_asked(models_dir):
+    plain = run_main(*PAIR, "--n_tokens_to_generate", "12", models_dir=models_dir)
+    assert plain.returncode == 0, plain.stderr
+    assert "\x1b[" not in plain.stdout and "speedup" in plain.stdout and "acceptance rate" in plain.stdout
+    coloured = run_main(*PAIR, "--n_tokens_to_generate", "12", "--color", models_dir=models_dir)
+    assert coloured.returncode == 0, coloured.stderr
+    assert "\x1b[32m" in coloured.stdout and "legend" in coloured.stdout
+
+
+def test_an_empty_prompt_starts_from_endoftext(models_dir):
+    result = run_main(*PAIR, "--prompt", "", "--n_tokens_to_generate", "5", "--json", models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout.strip().splitlines()[-1])
+    assert output["prompt"] == "" and len(output["speculative"]["tokens"]) == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--K", "0"], "--K must be an integer >= 1"),
+    (["--K", "2.5"], "--K must be an integer >= 1"),
+    (["--temperature", "-1"], "temperature must be a number >= 0"),
+    (["--top_p", "0"], "top_p must be a number in (0, 1]"),
+    (["--top_p", "1.5"], "top_p must be a number in (0, 1]"),
+    (["--top_k", "-1"], "top_k must be an integer >= 0"),
+    (["--n_tokens_to_generate", "0"], "--n_tokens_to_generate must be an integer >= 1"),
+    (["--decoder", "beam"], "unknown decoder beam"),
+    (["--decoder", "assisted", "--temperature", "0.5"], "needs --temperature 0"),
+    (["--temprature", "0.5"], "unknown flag --temprature"),
+    (["--n_tokens_to_generate", "64"], "exceed the models' context of 64"),
+    (["--target_model_size", "other-vocabulary"], "different vocabularies"),
+])
+def test_bad_flags_get_a_short_error(models_dir, args, message):
+    result = run_main(*PAIR, *args, models_dir=models_dir)
+    assert_short_error(result, message)
+
+
+@pytest.mark.parametrize("name, message", [("no-such-model", "no-such-model"), ("../target", "folder"),
+                                           ("/etc", "folder"), ("corrupt", "corrupt"), ("no-checkpoint", "missing"),
+                                           ("124M", "download")])
+def test_bad_models_get_a_short_error(models_dir, name, message):
+    # 124M is missing from this models_dir, so it would be downloaded; the proxy refuses the connection
+    result = run_main("--draft_model_size", "draft", "--target_model_size", name, "--n_tokens_to_generate", "3",
+                      "--prompt", "the", models_dir=models_dir)
+    assert_short_error(result, message)
+    assert not (models_dir / "124M").exists()  # a failed download leaves nothing behind
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_loading_the_checkpoint(models_dir):
+    # the corrupt checkpoint would fail to load: the context is checked first, from hparams.json alone
+    result = run_main("--draft_model_size", "draft", "--target_model_size", "corrupt", "--prompt", "the " * 70,
+                      "--n_tokens_to_generate", "1", models_dir=models_dir)
+    assert_short_error(result, "exceed the models' context of 64")
+
+
+def assert_short_error(result, message):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
+    assert 1 <= len(result.stderr.strip().splitlines()) <= 2, result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_main_is_callable_from_python_and_returns_what_json_prints(models_dir, capsys):
+    result = main.main(prompt="the hat", n_tokens_to_generate=8, draft_model_size="draft", target_model_size="target",
+                       models_dir=str(models_dir), K=2, temperature=0.8, top_k=20, top_p=0.9, seed=5, json=True)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(json.dumps(result))
+    assert len(result["speculative"]["tokens"]) == len(result["autoregressive"]["tokens"]) == 8
+    again = main.main(prompt="the hat", n_tokens_to_generate=8, draft_model_size="draft", target_model_size="target",
+                      models_dir=str(models_dir), K=2, temperature=0.8, top_k=20, top_p=0.9, seed=5, json=True)
+    assert again["speculative"]["tokens"] == result["speculative"]["tokens"]  # the same seed, the same tokens
+    with pytest.raises(ValueError, match="--K must be"):
+        main.main(K=0, models_dir=str(models_dir))
+
+
+def test_colouring_keeps_a_character_split_between_runs_of_different_origins(models_dir):
+    encoder = get_encoder_from_dir(models_dir / "target")
+    tokens = encoder.encode("aé b")  # a, the two bytes of é, space, b
+    assert len(tokens) == 5
+    coloured = main.coloured_text(tokens, ["accepted", "accepted", "corrected", "bonus", "bonus"], encoder.decode)
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == "aé b"
+    assert coloured.startswith(main.COLOURS["accepted"] + "a" + main.RESET)  # é waits for its second byte
+    assert main.COLOURS["corrected"] + "é" in coloured and main.COLOURS["bonus"] + " b" in coloured
+
+
+def test_string_flags_reach_main_as_typed():
+    argv = ["-p", "a, b", "--draft_model_size=355", "-n", "5", "--K", "-1", "--nocolor", "--models_dir", "42"]
+    assert main.quote_string_flags(argv) == ["-p", "'a, b'", "--draft_model_size='355'", "-n", "5", "--K", "-1",
+                                             "--nocolor", "--models_dir", "'42'"]
+    main.check_flag_names(argv + ["--prompt", "--not-a-flag", "--json", "-K", "2"])  # a string flag's value is a value
+    for bad in (["--tempreature", "1"], ["-z"], ["--no_such"]):
+        with pytest.raises(ValueError, match="unknown flag"):
+            main.check_flag_names(bad)
