@@ -130,10 +130,21 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0):  # [n_seq
     (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
     written into it; NumPy updates the buffers in place, JAX reads the updated list from `cache_out`.
     """
-    if start + len(inputs) > wpe.shape[0]:
-        raise ValueError(f"positions up to {start + len(inputs)} exceed the model's context of {wpe.shape[0]}")
+    check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
     logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start)
     return logits
+
+
+def check_inputs(inputs, start, n_vocab, n_ctx, cached):
+    """Clear errors for what would otherwise wrap around (negative ids) or fail deep inside."""
+    if len(inputs) == 0:
+        raise ValueError("no input tokens")
+    if start + len(inputs) > n_ctx:
+        raise ValueError(f"positions up to {start + len(inputs)} exceed the model's context of {n_ctx}")
+    if start < 0 or (start > 0 and not cached):
+        raise ValueError(f"start={start}: a position offset needs a cache holding the first {start} positions")
+    if array_module(inputs) is np and (np.min(inputs) < 0 or np.max(inputs) >= n_vocab):
+        raise ValueError(f"token ids must lie in [0, {n_vocab}), got {np.min(inputs)}..{np.max(inputs)}")
 
 
 def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start):
@@ -206,6 +217,8 @@ class GPT2Model:
         x = np.asarray(x, dtype=np.int64)
         if len(x) > self.n_ctx:
             raise ValueError(f"a sequence of {len(x)} tokens exceeds the model's context of {self.n_ctx}")
+        if not 1 <= n_last <= len(x):
+            raise ValueError(f"n_last={n_last} must lie in [1, {len(x)}] for a sequence of {len(x)} tokens")
         if not self.use_cache:
             return gpt2(x, **self.params, n_head=self.hparams["n_head"])[-n_last:]
         start = min(common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here

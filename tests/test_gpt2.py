@@ -333,14 +333,12 @@ def test_model_call_returns_probabilities_for_every_position(cache_setup, use_ca
 # unclear error. strict=True makes each one fail as soon as it is fixed, so its marker gets removed.
 
 
-@pytest.mark.xfail(strict=True, reason="gpt2() without a cache ignores start>0 in its causal mask")
 def test_start_without_a_cache_is_rejected(cache_setup):
     params, tokens, _ = cache_setup
     with pytest.raises(ValueError):
         gpt2.gpt2(tokens[:4], **params, n_head=CACHE_HPARAMS["n_head"], start=2)
 
 
-@pytest.mark.xfail(strict=True, reason="negative token ids silently index wte from the end")
 def test_out_of_range_token_ids_are_rejected(cache_setup):
     params, _, _ = cache_setup
     for bad in ([-1, 2], [CACHE_HPARAMS["n_vocab"], 2]):
@@ -348,7 +346,6 @@ def test_out_of_range_token_ids_are_rejected(cache_setup):
             full_logits(np.array(bad), params, CACHE_HPARAMS)
 
 
-@pytest.mark.xfail(strict=True, reason="n_last outside 1..len(x): unclear errors with a cache, all rows without")
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_n_last_out_of_range_is_rejected(cache_setup, use_cache):
     params, tokens, _ = cache_setup
