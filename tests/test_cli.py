@@ -13,35 +13,22 @@ import pytest
 
 import gpt2
 import main
+import utils
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
 from test_exactness import perturbed
-from tf_checkpoint import write_tf_checkpoint
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
 OTHER_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "n")]  # same size, another vocabulary
 N_VOCAB = 256 + len(MERGES) + 1  # byte tokens, merges, <|endoftext|>
 TARGET = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
-DRAFT = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 1}
+SMALL = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 1}
 
 
 def write_vocabulary(model_dir, merges):
     tokens = list(bytes_to_unicode().values()) + [first + second for first, second in merges] + [EOT]
     (model_dir / "encoder.json").write_text(json.dumps({token: i for i, token in enumerate(tokens)}))
     (model_dir / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-
-
-def tf_tensors(params):
-    """Our params under OpenAI's checkpoint names, conv1d weights as [1, n_in, n_out] (GUIDE section 5)."""
-    tensors = {"model/wte": params["wte"], "model/wpe": params["wpe"],
-               "model/ln_f/g": params["ln_f"]["g"], "model/ln_f/b": params["ln_f"]["b"]}
-    for i, block in enumerate(params["blocks"]):
-        for path, layer in [("ln_1", block["ln_1"]), ("ln_2", block["ln_2"]), ("attn/c_attn", block["attn"]["c_attn"]),
-                            ("attn/c_proj", block["attn"]["c_proj"]), ("mlp/c_fc", block["mlp"]["c_fc"]),
-                            ("mlp/c_proj", block["mlp"]["c_proj"])]:
-            for key, array in layer.items():
-                tensors[f"model/h{i}/{path}/{key}"] = array[None] if key == "w" else array
-    return tensors
 
 
 def random_params(hparams, seed, scale=10.0):
@@ -54,13 +41,9 @@ def random_params(hparams, seed, scale=10.0):
 
 
 def write_model(model_dir, hparams, params, merges=MERGES):
-    """An OpenAI-style model folder: hparams.json, checkpoint, encoder.json, vocab.bpe, model.ckpt.*."""
-    model_dir.mkdir(parents=True)
-    (model_dir / "hparams.json").write_text(json.dumps(hparams))
-    (model_dir / "checkpoint").write_text('model_checkpoint_path: "model.ckpt"\n'
-                                          'all_model_checkpoint_paths: "model.ckpt"\n')
+    """An OpenAI-style model folder: hparams.json, checkpoint, model.ckpt.*, encoder.json, vocab.bpe."""
+    utils.save_gpt2_checkpoint(params, hparams, str(model_dir))
     write_vocabulary(model_dir, merges)
-    write_tf_checkpoint(str(model_dir / "model.ckpt"), tf_tensors(params))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +52,7 @@ def models_dir(tmp_path_factory):
     target = random_params(TARGET, seed=0)
     write_model(root / "target", TARGET, target)
     write_model(root / "draft", TARGET, perturbed(target, 0.05, seed=1))  # a draft that often agrees
-    write_model(root / "other-vocabulary", DRAFT, random_params(DRAFT, seed=2), merges=OTHER_MERGES)
+    write_model(root / "other-vocabulary", SMALL, random_params(SMALL, seed=2), merges=OTHER_MERGES)
     shutil.copytree(root / "target", root / "corrupt")
     data = root / "corrupt" / "model.ckpt.data-00000-of-00001"
     corrupted = bytearray(data.read_bytes())
