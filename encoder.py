@@ -137,7 +137,8 @@ def check_vocabulary(encoder, bpe_merges, bpe_ranks, byte_decoder):
             raise ValueError(f"encoder.json: token {token!r} is not spelled in GPT-2's byte alphabet")
     missing_bytes = [char for char in byte_decoder if char not in encoder]
     if missing_bytes:
-        raise ValueError(f"encoder.json: missing {len(missing_bytes)} of the 256 byte tokens, e.g. {missing_bytes[0]!r}")
+        example = missing_bytes[0]
+        raise ValueError(f"encoder.json: missing {len(missing_bytes)} of the 256 byte tokens, e.g. {example!r}")
     if len(bpe_ranks) != len(bpe_merges):
         raise ValueError("vocab.bpe: a merge is listed twice")
     for first, second in bpe_merges:

@@ -13,11 +13,11 @@ from conftest import GPT2_VOCAB_DIR
 
 import encoder as bpe_encoder
 
-# The hashes tiktoken itself checks for its "gpt2" encoding (GUIDE section 6): parity is against
-# OpenAI's real vocabulary, not a stand-in.
 # GPT-2's pre-tokenizer as released by OpenAI (encoder.py), written out here so a change to
 # encoder.PRETOKENIZE_PATTERN cannot silently change the reference too.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The hashes tiktoken itself checks for its "gpt2" encoding (GUIDE section 6): parity is against
+# OpenAI's real vocabulary, not a stand-in.
 VOCAB_SHA256 = {
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
@@ -68,7 +68,7 @@ def tiktoken_gpt2(pattern):
 
 
 def random_unicode_text(rng, length):
-    """ASCII-heavy text with whitespace, accents, combining marks, CJK, emoji and any other non-surrogate code point."""
+    """ASCII-heavy text with whitespace, accents, combining marks, CJK, emoji and any non-surrogate code point."""
     pools = [
         lambda: chr(rng.randrange(32, 127)),
         lambda: rng.choice(" \t\n\r\x0b\x0c\xa0\u2003\u3000  "),
@@ -172,7 +172,10 @@ def test_vocabulary_without_eot(tmp_path):
 
 @pytest.mark.parametrize(
     "merges, message",
-    [("#version: 0.2\nh i j\n", "line 2: expected 'first second'"), ("#version: 0.2\nh x\n", "missing from encoder.json")],
+    [
+        ("#version: 0.2\nh i j\n", "line 2: expected 'first second'"),
+        ("#version: 0.2\nh x\n", "missing from encoder.json"),
+    ],
 )
 def test_malformed_vocab_bpe_is_rejected(tmp_path, merges, message):
     byte_chars = list(bpe_encoder.bytes_to_unicode().values())
