@@ -92,11 +92,18 @@ def sample_inverse_cdf(probs, uniform):  # [n_vocab], scalar in [0, 1) -> token 
 # Traced arguments: tokens, positions, row offsets and K, so that new values never recompile.
 
 
+def forward(params, cache, tokens, start, n_head):  # [n_seq] -> [n_seq, n_vocab], the new cache
+    """gpt2.gpt2_with_cache, its matmuls at full precision: XLA would use TF32 (a 10-bit mantissa) for
+    float32 on NVIDIA GPUs. Memory-bound decoding loses nothing by it."""
+    with jax.default_matmul_precision("highest"):
+        return gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start)
+
+
 @functools.partial(jax.jit, static_argnames=("n_head", "n_out"), donate_argnames=("cache",))
 def feed_block(params, cache, tokens, start, first_row, n_head, n_out):
     """Feed a padded block at positions start..; return logits rows first_row.. (n_out of them) and the cache."""
     TRACES["feed_block"] += 1
-    logits, cache = gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start)
+    logits, cache = forward(params, cache, tokens, start, n_head)
     rows = lax.dynamic_slice_in_dim(logits, first_row, n_out)  # [n_out, n_vocab]
     return rows.astype(jnp.float32), cache
 
@@ -119,8 +126,7 @@ def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head,
     def draw_and_feed(i, carry):
         cache, logits_row, drafted, drafted_probs = carry
         token, probs = draw(i, logits_row)
-        next_logits, cache = gpt2.gpt2_with_cache(token[None], **params, n_head=n_head, cache=cache,
-                                                  start=position + i)
+        next_logits, cache = forward(params, cache, token[None], position + i, n_head)
         return cache, next_logits[0].astype(jnp.float32), drafted.at[i].set(token), drafted_probs.at[i].set(probs)
 
     n_out, n_vocab = uniforms.shape[0], logits_row.shape[-1]

@@ -187,6 +187,17 @@ def test_a_fused_draft_compiles_once_per_bucket_of_K(long_setup):
     assert np.all(p[np.arange(4), drafted] > 0)
 
 
+def test_float32_matmuls_are_not_lowered_to_tf32(long_setup):
+    """On NVIDIA GPUs XLA computes DEFAULT-precision float32 matmuls in TF32; every one here asks for HIGHEST."""
+    params, _, _ = long_setup
+    model = gpt2_jax.JaxGPT2Model(params, LONG)
+    lowered = gpt2_jax.feed_block.lower(model.params, model.cache, np.zeros(2, np.int32), np.int32(0), np.int32(0),
+                                        n_head=LONG["n_head"], n_out=2).as_text()
+    dots = [line for line in lowered.splitlines() if "dot_general" in line]
+    assert len(dots) == 6 * LONG["n_layer"] + 1  # four linear layers and two attention products per block
+    assert all("precision = [HIGHEST, HIGHEST]" in line for line in dots)
+
+
 # ------------------------------------------------------------------------------------------ bfloat16
 
 
@@ -214,7 +225,7 @@ def test_bfloat16_mode_multiplies_in_bfloat16(long_setup):
     jaxpr = jax.make_jaxpr(step)(model.params, model.cache, np.zeros(1, np.int32), np.int32(3))
     operand_dtypes = [str(var.aval.dtype) for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"
                       for var in eqn.invars]
-    assert len(operand_dtypes) == 2 * (4 * LONG["n_layer"] + 1)
+    assert len(operand_dtypes) == 2 * (6 * LONG["n_layer"] + 1)
     assert set(operand_dtypes) == {"bfloat16"}
 
 

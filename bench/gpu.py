@@ -1,0 +1,397 @@
+"""The JAX backend on an accelerator: decode latency against the memory roofline, verification cost,
+speculative loop time against K, and transformers on the same device.
+
+Written for one H100 (GUIDE section 3); `--small` runs tiny shapes on any device (a CPU smoke check).
+Random weights at GPT-2's scale (normal, std 0.02) are drawn on the device, in GPT-2 124M's and 1558M's
+shapes. Parts (`--parts`, comma-separated; all by default):
+
+- bandwidth: a large device array read and written once (x + 1), bytes read + written / seconds, best of
+  repeats. The roofline of a decode step is weights_bytes / that bandwidth.
+- decode: per-token greedy decode latency through JaxGPT2Model.logits (what a decoder sees: dispatch,
+  the device, the logits row back to the host), median of the steps, in float32 and bfloat16; beside it
+  the jitted step alone dispatched back to back (device time when dispatch keeps up).
+- verify: the time to score 5 new tokens divided by the time to score 1, after the same cached prefix.
+- loop: one speculative loop (the draft's K tokens in one fused call, then the target scoring K + 1)
+  against K for a 124M -> 1558M pair; the cost ratio c; the expected speedup at acceptance rates 0.6 and
+  0.8, from Leviathan et al.'s formula with the measured c and from the measured loop time.
+- pair: speculative against autoregressive sampling on the bundled pair (models/teach-*), if present.
+- hf: transformers' generate (torch, CUDA) on the same device and shapes, float32.
+
+    python bench/gpu.py [--small] [--parts decode,verify] [--n_tokens 64] [--repeats 3]
+
+Prints one JSON object as its last line.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave device memory for torch's turn
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpt2  # noqa: E402
+import gpt2_jax  # noqa: E402
+import sampling  # noqa: E402
+
+SHAPES = {"124M": dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
+          "1558M": dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48)}
+SMALL_SHAPES = {"124M": dict(n_vocab=512, n_ctx=128, n_embd=64, n_head=4, n_layer=2),
+                "1558M": dict(n_vocab=512, n_ctx=128, n_embd=128, n_head=4, n_layer=4)}
+PARTS = ("bandwidth", "decode", "verify", "loop", "pair", "hf")
+DTYPES = ("float32", "bfloat16")
+KS = (1, 2, 3, 4, 5, 6, 7)  # K + 1 <= 8 keeps the target's verification in three programs (2, 4, 8 tokens)
+ACCEPTANCE_RATES = (0.6, 0.8)
+HF_GUIDE_MS = {"124M": 8.9, "1558M": 20.7}  # transformers on an H100, GUIDE section 3
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="tiny shapes: a smoke run on any device")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, among {', '.join(PARTS)}")
+    parser.add_argument("--n_tokens", type=int, default=64, help="decode steps timed per run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (5x this many for ratios)")
+    parser.add_argument("--prompt_len", type=int, default=8)
+    parser.add_argument("--loops", type=int, default=20, help="speculative loops timed per K")
+    parser.add_argument("--models_dir", default="models")
+    parser.add_argument("--pair", default="teach-draft,teach-target", help="the bundled draft,target folders")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    unknown = set(args.parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}: choose among {', '.join(PARTS)}")
+    if min(args.n_tokens, args.repeats, args.prompt_len, args.loops) < 2:
+        parser.error("--n_tokens, --repeats, --prompt_len and --loops must be at least 2")
+    return args
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def ms(seconds):
+    return round(1e3 * float(seconds), 4)
+
+
+# ----------------------------------------------------------------------------------------- the device
+
+
+def copy_bandwidth_GBps(n_bytes, repeats):
+    """Bytes read + written per second by x + 1 over a large float32 array, best of repeats."""
+    x = jnp.ones(n_bytes // 4, jnp.float32)
+    add_one = jax.jit(lambda a: a + 1.0)  # one read and one write of every element, nothing XLA can skip
+    add_one(x).block_until_ready()
+    best = min(timed(lambda: add_one(x).block_until_ready())[1] for _ in range(repeats))
+    return 2 * x.nbytes / best / 1e9
+
+
+def device_params(hparams, dtype, seed):
+    """gpt2.init_params' layout and scale drawn on the device: 1558M in seconds, without a 6 GB upload."""
+    keys = iter(jax.random.split(jax.random.key(seed), 2 + 4 * hparams["n_layer"]))
+    n_embd, compute_dtype = hparams["n_embd"], gpt2_jax.COMPUTE_DTYPES[dtype]
+
+    def normal(*shape):
+        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(compute_dtype)
+
+    def dense(n_in, n_out):
+        return {"w": normal(n_in, n_out), "b": jnp.zeros(n_out, compute_dtype)}
+
+    def norm():
+        return {"g": jnp.ones(n_embd, compute_dtype), "b": jnp.zeros(n_embd, compute_dtype)}
+
+    def block():
+        return {"ln_1": norm(), "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd)},
+                "ln_2": norm(), "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)}}
+
+    return {"wte": normal(hparams["n_vocab"], n_embd), "wpe": normal(hparams["n_ctx"], n_embd),
+            "blocks": [block() for _ in range(hparams["n_layer"])], "ln_f": norm()}
+
+
+def nbytes(tree):
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
+
+
+def device_info():
+    device = jax.devices()[0]
+    return {"platform": device.platform, "kind": device.device_kind, "jax": jax.__version__,
+            "python": platform.python_version(), "numpy": np.__version__}
+
+
+# ------------------------------------------------------------------------------------------ decoding
+
+
+def greedy_decode_seconds(model, prompt, n_tokens):
+    """Seconds of each greedy decode step through model.logits (the prompt's pass is not timed)."""
+    model.reset()
+    tokens = list(prompt)
+    tokens.append(int(np.argmax(model.logits(tokens, n_last=len(tokens))[-1])))  # the block program verify uses
+    step_seconds = []
+    for _ in range(n_tokens - 1):
+        token, seconds = timed(lambda: int(np.argmax(model.logits(tokens)[-1])))
+        tokens.append(token)
+        step_seconds.append(seconds)
+    return step_seconds
+
+
+def feed(model, n_new, start, n_out):
+    """The jitted step alone on n_new tokens at position start, logits left on the device."""
+    rows, model.cache = gpt2_jax.feed_block(model.params, model.cache, np.zeros(n_new, np.int32), np.int32(start),
+                                            np.int32(0), n_head=model.n_head, n_out=n_out)
+    return rows
+
+
+def pipelined_step_seconds(model, start, n_steps):
+    """Seconds per step of n_steps jitted 1-token steps dispatched back to back, waited for once."""
+    feed(model, 1, start, 1).block_until_ready()
+    _, seconds = timed(lambda: [feed(model, 1, start + i, 1) for i in range(n_steps)][-1].block_until_ready())
+    model.reset()  # the cache now holds tokens the model does not know about
+    return seconds / n_steps
+
+
+def decode_report(model, prompt, args, bandwidth_GBps):
+    greedy_decode_seconds(model, prompt, min(8, args.n_tokens))  # warm-up: compiles
+    steps = [s for _ in range(args.repeats) for s in greedy_decode_seconds(model, prompt, args.n_tokens)]
+    weights = nbytes(model.params)
+    report = {"ms_per_token": ms(statistics.median(steps)), "ms_per_token_mean": ms(statistics.mean(steps)),
+              "statistic": f"median of {len(steps)} steps ({args.repeats} runs x {args.n_tokens - 1})",
+              "step_ms_pipelined": ms(pipelined_step_seconds(model, len(prompt), args.n_tokens)),
+              "weights_bytes": weights, "kv_cache_bytes": nbytes(model.cache)}
+    if bandwidth_GBps:
+        roofline = weights / (bandwidth_GBps * 1e9)
+        report["roofline_ms"] = ms(roofline)
+        report["roofline_fraction"] = round(roofline / statistics.median(steps), 3)
+        report["roofline_fraction_pipelined"] = round(roofline / (report["step_ms_pipelined"] / 1e3), 3)
+    return report
+
+
+def verify_report(model, prompt, repeats):
+    """Time to score 5 new tokens / to score 1, after the same prefix: through logits(), and device only."""
+    model.reset()
+    model.logits(prompt, n_last=len(prompt))
+    one, five = np.append(prompt, [1]), np.append(prompt, [2, 3, 4, 5, 6])  # differ at once: 1 or 5 fed
+    api = {1: [], 5: []}
+    for _ in range(repeats + 1):  # interleaved; the first round compiles and is dropped
+        for n, x in ((1, one), (5, five)):
+            api[n].append(timed(lambda: model.logits(x, n_last=n))[1])
+    device = {1: [], 5: []}
+    for _ in range(repeats + 1):
+        for n in (1, 5):
+            n_block = gpt2_jax.bucket_size(n, model.n_ctx)
+            device[n].append(timed(lambda: feed(model, n_block, len(prompt), 1 if n == 1 else n_block)
+                                   .block_until_ready())[1])
+    model.reset()
+    api_ms = {n: statistics.median(times[1:]) for n, times in api.items()}
+    device_ms = {n: statistics.median(times[1:]) for n, times in device.items()}
+    return {"ms_1": ms(api_ms[1]), "ms_5": ms(api_ms[5]), "ratio_5_to_1": round(api_ms[5] / api_ms[1], 3),
+            "device_ms_1": ms(device_ms[1]), "device_ms_5": ms(device_ms[5]),
+            "device_ratio_5_to_1": round(device_ms[5] / device_ms[1], 3),
+            "statistic": f"median of {repeats}, interleaved; device: the jitted step alone (5 tokens padded to 8)"}
+
+
+# ------------------------------------------------------------------------------------ speculative loop
+
+
+def loop_seconds(draft, target, prompt, K, n_loops, rng, fused=True):
+    """Median seconds of a speculative loop: K drafts, then the target scores K + 1 positions.
+
+    Each loop keeps K // 2 drafts and adds one token, as a loop that rejects half way does, so both
+    caches roll back and feed what a real run feeds. Acceptance does not change a loop's cost here.
+    """
+    draft.reset(), target.reset()
+    x, seconds = np.asarray(prompt), []
+    for _ in range(n_loops + 1):  # the first loop compiles and is dropped
+        if len(x) + K + 2 > target.n_ctx:
+            x = np.asarray(prompt)
+        start = time.perf_counter()
+        if fused:
+            drafts, _ = draft.draft(x, K, rng.random(K))
+        else:  # one draft call per token, sampled on the host
+            drafts = np.zeros(0, np.int64)
+            for _ in range(K):
+                probs = sampling.logits_to_probs(draft.logits(np.append(x, drafts))[0])
+                drafts = np.append(drafts, sampling.sample(probs, rng))
+        target.logits(np.append(x, drafts), n_last=K + 1)
+        seconds.append(time.perf_counter() - start)
+        x = np.concatenate([x, drafts[:K // 2], [(int(drafts[0]) + 1) % target.n_vocab]])
+    return statistics.median(seconds[1:])
+
+
+def loop_report(draft, target, prompt, args, rng):
+    target_step = statistics.median(greedy_decode_seconds(target, prompt, args.n_tokens))
+    draft_step = statistics.median(greedy_decode_seconds(draft, prompt, args.n_tokens))
+    rows = []
+    for K in KS:
+        fused = loop_seconds(draft, target, prompt, K, args.loops, rng)
+        unfused = loop_seconds(draft, target, prompt, K, args.loops, rng, fused=False)
+        draft_seconds = timed_median(lambda: draft.draft(prompt, K, rng.random(K)), args.loops)
+        c = draft_seconds / K / target_step  # a fused draft step's cost over a target decode step
+        row = {"K": K, "loop_ms": ms(fused), "loop_ms_unfused_draft": ms(unfused), "fused_draft_ms": ms(draft_seconds),
+               "c": round(c, 4)}
+        for a in ACCEPTANCE_RATES:
+            row[f"expected_speedup_a{a}"] = round(sampling.expected_speedup(a, c, K), 3)
+            row[f"speedup_from_loop_time_a{a}"] = round(
+                sampling.expected_tokens_per_loop(a, K) * target_step / fused, 3)
+        rows.append(row)
+    return {"target_ms_per_token": ms(target_step), "draft_ms_per_token": ms(draft_step),
+            "c_unfused": round(draft_step / target_step, 4), "by_K": rows,
+            "note": "expected_speedup: Leviathan et al. with the measured c (verification costs one step); "
+                    "speedup_from_loop_time: expected tokens per loop x target ms/token / measured loop time"}
+
+
+def timed_median(fn, repeats):
+    fn()  # warm-up
+    return statistics.median(timed(fn)[1] for _ in range(repeats))
+
+
+# ---------------------------------------------------------------------------------- the bundled pair
+
+
+def pair_report(args, rng):
+    import utils
+
+    names = args.pair.split(",")
+    missing = [name for name in names if not (Path(args.models_dir) / name / "hparams.json").exists()]
+    if len(names) != 2 or missing:
+        return {"skipped": f"no bundled pair: {', '.join(missing) or args.pair} not found under {args.models_dir}/"}
+    (encoder, draft_hparams, draft_params), (_, target_hparams, target_params) = (
+        utils.load_encoder_hparams_and_params(name, args.models_dir) for name in names)
+    draft = gpt2_jax.JaxGPT2Model(draft_params, draft_hparams)
+    target = gpt2_jax.JaxGPT2Model(target_params, target_hparams)
+    prompt = encoder.encode("def fibonacci(n):\n    ")
+    N = min(64, target_hparams["n_ctx"] - len(prompt))
+    report = {"draft": names[0], "target": names[1], "N": N}
+    for K in (2, 4):
+        for temperature in (0.0, 1.0):
+            def autoregressive():
+                target.reset()
+                return sampling.autoregressive_sampling(prompt, target, N, np.random.default_rng(0),
+                                                        temperature=temperature)
+
+            def speculative(stats):
+                draft.reset(), target.reset()
+                return sampling.speculative_sampling(prompt, draft, target, N, K, np.random.default_rng(0),
+                                                     temperature=temperature, stats=stats)
+
+            autoregressive_s = timed_median(autoregressive, args.repeats)
+            speculative(sampling.SpeculativeStats())  # warm-up
+            stats = sampling.SpeculativeStats()
+            speculative_s = statistics.median(timed(lambda: speculative(stats))[1] for _ in range(args.repeats))
+            report[f"K{K}_T{temperature}"] = {
+                "autoregressive_ms": ms(autoregressive_s), "speculative_ms": ms(speculative_s),
+                "speedup": round(autoregressive_s / speculative_s, 3),
+                "acceptance_rate": round(stats.acceptance_rate, 3), "cost_ratio": round(stats.cost_ratio, 4)}
+    return report
+
+
+# ---------------------------------------------------------------------------------------- transformers
+
+
+def hf_ms_per_token(hparams, prompt, n_tokens, repeats):
+    """transformers' greedy generate on CUDA, float32, random weights: median ms between decode steps."""
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available():
+        return {"skipped": "torch sees no CUDA device"}
+    config = transformers.GPT2Config(vocab_size=hparams["n_vocab"], n_positions=hparams["n_ctx"],
+                                     n_embd=hparams["n_embd"], n_head=hparams["n_head"],
+                                     n_layer=hparams["n_layer"], activation_function="gelu_new")
+    with torch.device("cuda"):
+        model = transformers.GPT2LMHeadModel(config).eval()
+    stamps = []
+
+    class Stamp(transformers.LogitsProcessor):  # called once per step, when the step's logits exist
+        def __call__(self, input_ids, scores):
+            torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+            return scores
+
+    def generate(n):
+        stamps.clear()
+        with torch.no_grad():
+            model.generate(torch.tensor([prompt], device="cuda"), attention_mask=torch.ones(1, len(prompt),
+                           dtype=torch.long, device="cuda"), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                           logits_processor=transformers.LogitsProcessorList([Stamp()]), pad_token_id=0)
+        return np.diff(stamps).tolist()
+
+    generate(8)  # warm-up
+    steps = [s for _ in range(repeats) for s in generate(n_tokens)]
+    del model
+    torch.cuda.empty_cache()
+    return {"ms_per_token": ms(statistics.median(steps)), "torch": torch.__version__,
+            "transformers": transformers.__version__, "statistic": f"median of {len(steps)} decode steps"}
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main():
+    args = parse_args()
+    shapes = SMALL_SHAPES if args.small else SHAPES
+    rng = np.random.default_rng(args.seed)
+    prompt = rng.integers(0, shapes["124M"]["n_vocab"], size=args.prompt_len)
+    result = {"benchmark": "JAX backend: decode, verification and speculative loops; random GPT-2-shaped weights",
+              "small": args.small, "device": device_info(), "shapes": shapes}
+    bandwidth = None
+    if "bandwidth" in args.parts:
+        n_bytes = (64 if args.small else 2048) * 2**20
+        bandwidth = copy_bandwidth_GBps(n_bytes, 5 * args.repeats)
+        result["copy_GBps"] = round(bandwidth, 1)
+        result["copy_statistic"] = f"best of {5 * args.repeats}, x + 1 over {n_bytes // 2**20} MiB float32"
+
+    for dtype in DTYPES:
+        models = {name: gpt2_jax.JaxGPT2Model(device_params(hparams, dtype, args.seed), hparams, dtype)
+                  for name, hparams in shapes.items()}
+        for name, model in models.items():
+            key = f"{name}_{dtype}"
+            if "decode" in args.parts:
+                result.setdefault("decode", {})[key] = decode_report(model, prompt, args, bandwidth)
+            if "verify" in args.parts:
+                result.setdefault("verify", {})[key] = verify_report(model, prompt, 5 * args.repeats)
+        if "loop" in args.parts and dtype == "float32":
+            result["loop_124M_to_1558M_float32"] = loop_report(models["124M"], models["1558M"], prompt, args, rng)
+        del models
+        gc.collect()  # free the device memory before the next dtype (and torch)
+
+    if "pair" in args.parts:
+        result["bundled_pair"] = pair_report(args, rng)
+    if "hf" in args.parts:
+        try:
+            result["hf"] = {name: hf_ms_per_token(hparams, prompt.tolist(), args.n_tokens, args.repeats)
+                            for name, hparams in shapes.items()}
+        except ImportError as error:
+            result["hf"] = {"skipped": f"transformers comparison needs torch and transformers: {error}"}
+    result["targets"] = targets(result, args.small)
+    print(json.dumps(result))
+
+
+def targets(result, small):
+    """The issue's targets for 1558M float32: >= 60 % of the roofline and >= 3x faster than transformers."""
+    decode = result.get("decode", {}).get("1558M_float32")
+    if decode is None:
+        return {"skipped": "the decode part did not run"}
+    hf = result.get("hf", {}).get("1558M", {})
+    hf_ms = hf.get("ms_per_token") or (None if small else HF_GUIDE_MS["1558M"])
+    met = {"hf_ms_per_token_used": hf_ms, "hf_source": "measured" if "ms_per_token" in hf else "GUIDE (H100)"}
+    if "roofline_fraction" in decode:
+        met["roofline_fraction>=0.6"] = decode["roofline_fraction"] >= 0.6
+    if hf_ms:
+        met["speedup_vs_hf"] = round(hf_ms / decode["ms_per_token"], 3)
+        met["speedup_vs_hf>=3"] = met["speedup_vs_hf"] >= 3
+    return met
+
+
+if __name__ == "__main__":
+    main()
