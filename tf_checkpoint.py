@@ -19,10 +19,12 @@ format, the way TensorFlow's BundleWriter lays it out. Anything truncated, corru
 raises CheckpointError (a ValueError) naming the file.
 """
 
+import contextlib
 import functools
+import math
 import operator
 import os
-import tempfile
+import secrets
 
 import numpy as np
 
@@ -331,7 +333,6 @@ def build_table(entries):
 # ---------------------------------------------------------------- TensorBundle: BundleHeaderProto, BundleEntryProto
 
 DTYPES = {1: np.dtype("<f4"), 19: np.dtype("<f2")}  # TensorFlow's DT_FLOAT and DT_HALF enum values
-DTYPE_NAMES = {1: "float32", 19: "float16"}
 TF_DTYPES = {np.dtype(dtype): enum for enum, dtype in DTYPES.items()}
 BUNDLE_VERSION = 1  # kTensorBundleVersion: the producer version TensorFlow's writer records
 
@@ -391,7 +392,8 @@ class TFCheckpoint:
         return {name: entry["shape"] for name, entry in self.entries.items()}
 
     def dtype_name(self, name):
-        return DTYPE_NAMES.get(self.entries[name]["dtype"], f"TensorFlow dtype enum {self.entries[name]['dtype']}")
+        enum = self.entries[name]["dtype"]
+        return DTYPES[enum].name if enum in DTYPES else f"TensorFlow DataType {enum}"
 
     def read(self, name):
         """The tensor as stored (float32 or float16), after checking its size and CRC-32C."""
@@ -400,24 +402,24 @@ class TFCheckpoint:
         entry = self.entries[name]
         if entry["dtype"] not in DTYPES:
             raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported type {self.dtype_name(name)}")
-        path = data_path(self.prefix, entry["shard"], self.n_shards)
-        dtype = DTYPES[entry["dtype"]]
-        array = np.empty(entry["shape"], dtype.newbyteorder("="))
-        if entry["size"] != array.nbytes:
-            raise CheckpointError(f"{self.path}: tensor {name!r} of shape {entry['shape']} should take "
-                                  f"{array.nbytes} bytes, the index says {entry['size']}")
+        dtype, path = DTYPES[entry["dtype"]], data_path(self.prefix, entry["shard"], self.n_shards)
+        n_bytes, start = math.prod(entry["shape"]) * dtype.itemsize, entry["offset"]
+        if entry["size"] != n_bytes:
+            raise CheckpointError(f"{self.path}: tensor {name!r} of shape {list(entry['shape'])} takes {n_bytes} "
+                                  f"bytes, the index says {entry['size']}")
         try:
             with open(path, "rb") as f:
-                f.seek(entry["offset"])
-                n_read = f.readinto(memoryview(array.reshape(-1).view(np.uint8)))
+                if start + n_bytes > os.fstat(f.fileno()).st_size:  # checked before allocating the array
+                    raise CheckpointError(f"{path}: truncated (tensor {name!r} needs bytes {start} to "
+                                          f"{start + n_bytes}, the file ends first)")
+                array = np.empty(entry["shape"], dtype)
+                f.seek(start)
+                f.readinto(memoryview(array.reshape(-1).view(np.uint8)))
         except OSError as error:
             raise CheckpointError(f"{path}: cannot read the checkpoint data ({error.strerror})") from None
-        if n_read != array.nbytes:
-            raise CheckpointError(f"{path}: truncated (tensor {name!r} needs bytes {entry['offset']} to "
-                                  f"{entry['offset'] + array.nbytes}, the file ends first)")
         if masked_crc32c(array.reshape(-1).view(np.uint8)) != entry["crc32c"]:
             raise CheckpointError(f"{path}: corrupt (checksum mismatch in tensor {name!r})")
-        return array if dtype.isnative else array.byteswap().view(array.dtype)
+        return array.astype(dtype.newbyteorder("="), copy=False)  # no copy on little-endian machines
 
 
 def encode_entry(array, offset, crc):
@@ -451,20 +453,21 @@ def write_tf_checkpoint(prefix, tensors):
         index_file.write(build_table(index_entries))
 
 
-class replace_when_done:
-    """A temporary file beside `path` that becomes `path` when the with-block ends without an error."""
+@contextlib.contextmanager
+def replace_when_done(path):
+    """A binary file, open for writing beside `path`, that becomes `path` only if the with-block completes.
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-
-    def __enter__(self):
-        directory, name = os.path.split(self.path)
-        self.file = tempfile.NamedTemporaryFile(dir=directory or ".", prefix=f".{name}.", suffix=".tmp", delete=False)
-        return self.file
-
-    def __exit__(self, error_type, error, traceback):
-        self.file.close()
-        if error_type is None:
-            os.replace(self.file.name, self.path)
-        else:
-            os.unlink(self.file.name)
+    os.open's mode 0o666 (less the umask) gives the file a plain open()'s permissions, which
+    tempfile's 0o600 would not; fsync puts the bytes on disk before the rename publishes them.
+    """
+    directory, name = os.path.split(os.fspath(path))
+    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)  # only still there when something failed

@@ -39,8 +39,8 @@ OPENAI_MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 OPENAI_BASE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/models"
 OPENAI_FILES = ("checkpoint", "encoder.json", "hparams.json", "model.ckpt.data-00000-of-00001", "model.ckpt.index",
                 "model.ckpt.meta", "vocab.bpe")
-TF_MODEL_FILES = ("hparams.json", "encoder.json", "vocab.bpe", "checkpoint", "model.ckpt.index",
-                  "model.ckpt.data-00000-of-00001")
+OPENAI_NEEDED = tuple(name for name in OPENAI_FILES if name != "model.ckpt.meta")  # the graph is not needed
+TF_MODEL_FILES = ("hparams.json", "encoder.json", "vocab.bpe", "checkpoint")  # + the checkpoint it names
 HF_MODEL_FILES = ("config.json", "model.safetensors", "encoder.json", "vocab.bpe")
 HPARAM_NAMES = ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")
 DOWNLOAD_CHUNK = 1 << 20
@@ -70,11 +70,13 @@ def load_encoder_hparams_and_params(model_size, models_dir="models"):
         hparams = hparams_from_hf_config(os.path.join(model_dir, "config.json"))
         params = load_gpt2_params(SafetensorsFile(os.path.join(model_dir, "model.safetensors")), hparams)
     else:
-        if model_size in OPENAI_MODEL_SIZES and missing_files(model_dir, TF_MODEL_FILES):
+        if model_size in OPENAI_MODEL_SIZES and missing_files(model_dir, OPENAI_NEEDED):
             download_gpt2_files(model_size, model_dir)
         require_files(model_dir, TF_MODEL_FILES)
         hparams = load_hparams(os.path.join(model_dir, "hparams.json"))
-        params = load_gpt2_params(TFCheckpoint(checkpoint_prefix(model_dir)), hparams)
+        prefix = checkpoint_prefix(model_dir)
+        require_files(model_dir, [prefix + ".index"])  # a missing data file is reported when it is read
+        params = load_gpt2_params(TFCheckpoint(os.path.join(model_dir, prefix)), hparams)
     encoder = get_encoder(os.path.join(model_dir, "encoder.json"), os.path.join(model_dir, "vocab.bpe"))
     return encoder, hparams, params
 
@@ -108,12 +110,12 @@ def missing_files(model_dir, names):
 def require_files(model_dir, names):
     missing = missing_files(model_dir, names)
     if missing:
-        raise MissingModelFileError(f"{model_dir} is missing {', '.join(missing)} (a model folder holds "
-                                    f"{', '.join(TF_MODEL_FILES)}; or {', '.join(HF_MODEL_FILES)})")
+        raise MissingModelFileError(f"{model_dir} is missing {', '.join(missing)} (a model folder holds OpenAI's "
+                                    f"{', '.join(OPENAI_NEEDED)}; or {', '.join(HF_MODEL_FILES)})")
 
 
 def checkpoint_prefix(model_dir):
-    """The checkpoint prefix the `checkpoint` text file names (OpenAI's: "model.ckpt"), inside model_dir."""
+    """The checkpoint prefix the `checkpoint` text file names (OpenAI's: "model.ckpt"), relative to model_dir."""
     path = os.path.join(model_dir, "checkpoint")
     with open(path, encoding="utf-8") as f:
         match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"\s*$', f.read(), re.MULTILINE)
@@ -123,7 +125,7 @@ def checkpoint_prefix(model_dir):
     if os.path.isabs(relative) or ".." in re.split(r"[/\\]", relative):
         raise CheckpointError(f"{path}: model_checkpoint_path {relative!r} points outside {model_dir}; "
                               'expected a name in the folder such as "model.ckpt"')
-    return os.path.join(model_dir, relative)
+    return relative
 
 
 # ---------------------------------------------------------------- downloading OpenAI's release

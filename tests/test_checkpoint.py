@@ -10,7 +10,9 @@ import copy
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
+import stat
 
 import numpy as np
 import pytest
@@ -178,6 +180,20 @@ def test_compressed_block_is_refused(tmp_path):
     assert str(index) in str(error.value)
 
 
+def test_other_dtypes_are_listed_but_not_read(tmp_path):
+    """A checkpoint may hold more than the model (say an int64 global_step): it still loads."""
+    index = copy_model("float32", tmp_path) / "model.ckpt.index"
+    entries = tf_checkpoint.read_table(index.read_bytes(), str(index))
+    int64_entry = tf_checkpoint.encode_field(1, 9) + tf_checkpoint.encode_field(5, 8)  # DT_INT64, shape [], 8 bytes
+    index.write_bytes(tf_checkpoint.build_table(sorted(entries + [(b"global_step", int64_entry)])))
+    checkpoint = TFCheckpoint(tmp_path / "tiny" / "model.ckpt")
+    assert checkpoint.shapes["global_step"] == () and checkpoint.dtype_name("global_step") == "TensorFlow DataType 9"
+    with pytest.raises(CheckpointError, match="unsupported type"):
+        checkpoint.read("global_step")
+    _, _, params = utils.load_encoder_hparams_and_params("tiny", tmp_path)
+    np.testing.assert_array_equal(params["wte"], tf_arrays("float32")["model/wte"])
+
+
 # ---------------------------------------------------------------- our writer, as verified by TensorFlow
 
 
@@ -192,6 +208,9 @@ def test_writer_output_is_what_tensorflow_verified(tmp_path):
         assert (len(written), hashlib.sha256(written).hexdigest()) == (expected["bytes"], expected["sha256"]), suffix
         assert expected["identical_to_tensorflow_savev2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.data-00000-of-00001", "ours.index"]  # no temp files
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "ours.index").stat().st_mode) == 0o666 & ~umask  # as open() makes files
 
     checkpoint = TFCheckpoint(tmp_path / "ours")
     arrays = {name: checkpoint.read(name) for name in checkpoint.shapes}
@@ -248,10 +267,29 @@ def test_unknown_model_lists_present_and_downloadable(tmp_path):
     assert "mine" in str(error.value) and "124M" in str(error.value) and "1558M" in str(error.value)
 
 
-def test_missing_file_is_named(tmp_path):
-    (copy_model("float32", tmp_path) / "vocab.bpe").unlink()
-    with pytest.raises(utils.MissingModelFileError, match="vocab.bpe"):
+@pytest.mark.parametrize("name", ["vocab.bpe", "checkpoint", "model.ckpt.index"])
+def test_missing_file_is_named(tmp_path, name):
+    (copy_model("float32", tmp_path) / name).unlink()
+    with pytest.raises(utils.MissingModelFileError, match=name):
         utils.load_encoder_hparams_and_params("tiny", tmp_path)
+
+
+def test_missing_data_file_is_named(tmp_path):
+    data = copy_model("float32", tmp_path) / DATA_FILE
+    data.unlink()
+    with pytest.raises(CheckpointError, match="No such file") as error:
+        utils.load_encoder_hparams_and_params("tiny", tmp_path)
+    assert str(data) in str(error.value)
+
+
+def test_checkpoint_file_names_the_prefix(tmp_path):
+    model_dir = copy_model("float32", tmp_path)
+    (model_dir / "step-7").mkdir()
+    for suffix in (".index", ".data-00000-of-00001"):
+        (model_dir / f"model.ckpt{suffix}").rename(model_dir / "step-7" / f"weights{suffix}")
+    (model_dir / "checkpoint").write_text('model_checkpoint_path: "step-7/weights"\n')
+    _, _, params = utils.load_encoder_hparams_and_params("tiny", tmp_path)
+    np.testing.assert_array_equal(params["wte"], tf_arrays("float32")["model/wte"])
 
 
 @pytest.mark.parametrize("path", ["../tiny2/model.ckpt", "/tmp/model.ckpt"])
