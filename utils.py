@@ -90,7 +90,8 @@ def model_directory(model_size, models_dir):
                              "(no path separators, no '..')")
     model_dir = os.path.join(models_dir, name)
     if not os.path.isdir(model_dir) and name not in OPENAI_MODEL_SIZES:
-        raise ModelNameError(f"no model {name!r} in {models_dir}; present: {', '.join(available_models(models_dir)) or 'none'}; "
+        present = ", ".join(available_models(models_dir)) or "none"
+        raise ModelNameError(f"no model {name!r} in {models_dir}; present: {present}; "
                              f"downloadable: {', '.join(OPENAI_MODEL_SIZES)}")
     return model_dir
 
@@ -286,7 +287,8 @@ def save_gpt2_checkpoint(params, hparams, model_dir, dtype=np.float32):
         value = params
         for key in path:
             value = value[key]
-        tensors[openai_name(path)] = np.asarray(value, dtype).reshape((1, *value.shape) if leaf[-1] == "w" else value.shape)
+        stored_shape = (1, *value.shape) if leaf[-1] == "w" else value.shape  # OpenAI's conv1d: [1, n_in, n_out]
+        tensors[openai_name(path)] = np.asarray(value, dtype).reshape(stored_shape)
     write_tf_checkpoint(os.path.join(model_dir, "model.ckpt"), tensors)
     with replace_when_done(os.path.join(model_dir, "checkpoint")) as f:
         f.write(b'model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n')

@@ -173,7 +173,8 @@ def test_compressed_block_is_refused(tmp_path):
     _, position = tf_checkpoint.read_varint(footer, position, "footer")
     offset, size = tf_checkpoint.decode_handle(footer[position:], "footer")  # the index block
     table[offset + size] = 1  # claim Snappy, with a valid checksum, so only the compression byte is wrong
-    table[offset + size + 1:offset + size + 5] = masked_crc32c(bytes(table[offset:offset + size + 1])).to_bytes(4, "little")
+    checksum = masked_crc32c(bytes(table[offset:offset + size + 1]))
+    table[offset + size + 1:offset + size + 5] = checksum.to_bytes(4, "little")
     index.write_bytes(bytes(table))
     with pytest.raises(CheckpointError, match="compressed blocks") as error:
         TFCheckpoint(tmp_path / "tiny" / "model.ckpt")
@@ -233,21 +234,23 @@ def test_writer_refuses_other_dtypes_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_save_gpt2_checkpoint_round_trip(tmp_path):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_save_gpt2_checkpoint_round_trip(tmp_path, dtype):
     hparams = {"n_vocab": 260, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 3}
     params = gpt2.init_params(hparams, np.random.default_rng(0))
     model_dir = tmp_path / "saved"
-    utils.save_gpt2_checkpoint(params, hparams, model_dir)
+    utils.save_gpt2_checkpoint(params, hparams, model_dir, dtype=dtype)
     for name in ("encoder.json", "vocab.bpe"):
         shutil.copy(TINY["float32"] / name, model_dir / name)
     _, loaded_hparams, loaded = utils.load_encoder_hparams_and_params("saved", tmp_path)
     assert loaded_hparams == hparams
-    assert TFCheckpoint(model_dir / "model.ckpt").shapes["model/h2/mlp/c_fc/w"] == (1, 8, 32)
+    saved = TFCheckpoint(model_dir / "model.ckpt")
+    assert saved.shapes["model/h2/mlp/c_fc/w"] == (1, 8, 32) and saved.dtype_name("model/wte") == np.dtype(dtype).name
     for path, _ in utils.param_leaves(hparams["n_layer"]):
         ours, theirs = loaded, params
         for key in path:
             ours, theirs = ours[key], theirs[key]
-        np.testing.assert_array_equal(ours, theirs)
+        np.testing.assert_array_equal(ours, theirs.astype(dtype).astype(np.float32))
         assert ours.dtype == np.float32
 
 
@@ -379,7 +382,8 @@ def test_safetensors_extra_buffers_are_skipped(tmp_path):
     for path, leaf in utils.param_leaves(2):
         value = TFCheckpoint(TINY["float16"] / "model.ckpt").read(utils.openai_name(path))
         expected[utils.hf_name(path)] = value[0] if leaf[-1] == "w" else value
-    extra = {"h.0.attn.bias": np.tril(np.ones((1, 1, 16, 16), bool)), "h.0.attn.masked_bias": np.array(-1e4, np.float32),
+    extra = {"h.0.attn.bias": np.tril(np.ones((1, 1, 16, 16), bool)),
+             "h.0.attn.masked_bias": np.array(-1e4, np.float32),
              "lm_head.weight": expected["wte.weight"]}
     safetensors_numpy.save_file({**expected, **extra}, str(tmp_path / "hf" / "model.safetensors"))
     (tmp_path / "hf" / "config.json").write_text(json.dumps({"vocab_size": 260, "n_positions": 16, "n_embd": 8,
