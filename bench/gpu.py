@@ -384,7 +384,8 @@ def targets(result, small):
         return {"skipped": "the decode part did not run"}
     hf = result.get("hf", {}).get("1558M", {})
     hf_ms = hf.get("ms_per_token") or (None if small else HF_GUIDE_MS["1558M"])
-    met = {"hf_ms_per_token_used": hf_ms, "hf_source": "measured" if "ms_per_token" in hf else "GUIDE (H100)"}
+    met = {"hf_ms_per_token_used": hf_ms,
+           "hf_source": "measured" if "ms_per_token" in hf else "GUIDE (H100)" if hf_ms else None}
     if "roofline_fraction" in decode:
         met["roofline_fraction>=0.6"] = decode["roofline_fraction"] >= 0.6
     if hf_ms:

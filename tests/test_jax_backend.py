@@ -19,9 +19,10 @@ from conftest import REPO  # the repository root
 jax = pytest.importorskip("jax")
 import gpt2_jax  # noqa: E402
 
-CONFIGS = [  # every dimension differs; vocabularies and contexts are not powers of two
+CONFIGS = [  # test_gpt2.py's: every dimension differs; most vocabularies and contexts are not powers of two
     dict(n_vocab=37, n_ctx=16, n_embd=16, n_head=4, n_layer=2),
     dict(n_vocab=101, n_ctx=24, n_embd=24, n_head=3, n_layer=1),
+    dict(n_vocab=64, n_ctx=12, n_embd=32, n_head=2, n_layer=3),
     dict(n_vocab=50, n_ctx=20, n_embd=48, n_head=6, n_layer=2),
 ]
 LONG = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)  # room for 20+ decode steps
