@@ -73,7 +73,7 @@ def causal_mask(start, n_new, n_keys, xp):  # -> [n_new, n_keys]
 def attention(q, k, v, mask):  # [n_head, n_q, d], [n_head, n_k, d] x2, [n_q, n_k] -> [n_head, n_q, d]
     xp = array_module(q)
     scores = q @ xp.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # [n_head, n_q, n_k]
-    return softmax(scores + mask) @ v
+    return softmax(scores + mask).astype(v.dtype, copy=False) @ v  # the mask is float32: keep bfloat16 bfloat16
 
 
 def split_heads(x, n_head):  # [n_seq, n_embd] -> [n_head, n_seq, n_embd/n_head]
