@@ -52,7 +52,9 @@ def parse_args():
     parser.add_argument("--weight_scale", type=float, default=1.0, help="random pair: block weights x this")
     parser.add_argument("--n_tokens", type=int, default=64, help="tokens generated per run")
     parser.add_argument("--prompt_len", type=int, default=16, help="random pair: tokens in the random prompt")
+    parser.add_argument("--prompt", default=PROMPT, help="named pair: the prompt's text")
     parser.add_argument("--K", default="1,2,3,4,5,6,7,8", help="comma-separated draft lengths")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per measurement; the fastest counts")
     parser.add_argument("--skip_uncached", action="store_true", help="skip the seed reference's uncached way")
     parser.add_argument("--backend", default="numpy", choices=backends.BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
@@ -64,8 +66,8 @@ def parse_args():
         args.draft_shape, args.target_shape = parse_shape(args.draft_shape), parse_shape(args.target_shape)
     except ValueError as error:
         parser.error(str(error))
-    if min(args.K) < 1 or args.n_tokens < 2 or args.prompt_len < 1:
-        parser.error("--K values and --prompt_len must be positive, --n_tokens at least 2")
+    if min(args.K) < 1 or args.n_tokens < 2 or args.prompt_len < 1 or args.repeats < 1:
+        parser.error("--K values, --prompt_len and --repeats must be positive, --n_tokens at least 2")
     return args
 
 
@@ -83,7 +85,7 @@ def load_pair(args):
 
         encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
         _, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-        prompt = encoder.encode(PROMPT)
+        prompt = encoder.encode(args.prompt)
         names = {"draft": args.draft, "target": args.target}
     else:
         rng = np.random.default_rng(args.seed)
@@ -128,15 +130,22 @@ def make_model(params_and_hparams, backend, use_cache):
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def measure(draft, target, prompt, n_tokens, Ks):
-    """Autoregressive decoding, then speculative sampling for each K, all greedy, from empty caches."""
+def measure(draft, target, prompt, n_tokens, Ks, repeats):
+    """Autoregressive decoding, then speculative sampling for each K, all greedy, from empty caches.
+
+    Each measurement is the fastest of `repeats` runs (the one least disturbed by other processes).
+    """
     def timed(decode):
-        draft.reset()
-        target.reset()
-        stats = sampling.SpeculativeStats()
-        start = time.perf_counter()
-        tokens = decode(stats)
-        return tokens, time.perf_counter() - start, stats
+        runs = []
+        for _ in range(repeats):
+            draft.reset()
+            target.reset()
+            stats = sampling.SpeculativeStats()
+            start = time.perf_counter()
+            tokens = decode(stats)
+            runs.append((time.perf_counter() - start, tokens, stats))
+        seconds, tokens, stats = min(runs, key=lambda run: run[0])
+        return tokens, seconds, stats
 
     timed(lambda stats: sampling.speculative_sampling(prompt, draft, target, 4, 2, temperature=0))  # warm up
     expected, ar_seconds, ar_stats = timed(
@@ -182,7 +191,7 @@ def main():
     load_start = os.getloadavg()
     draft_weights, target_weights, prompt, pair = load_pair(args)
     result = {"benchmark": "speculative", "machine": machine(), "backend": args.backend, "pair": pair,
-              "temperature": 0, "n_tokens": args.n_tokens, "prompt_len": len(prompt)}
+              "temperature": 0, "n_tokens": args.n_tokens, "prompt_len": len(prompt), "repeats": args.repeats}
     for way, use_cache in [("cached", True), ("uncached", False)]:
         if way == "uncached" and args.skip_uncached:
             result[way] = None
@@ -190,7 +199,7 @@ def main():
         print(f"{way}:", file=sys.stderr)
         draft, target = make_model(draft_weights, args.backend, use_cache), make_model(target_weights, args.backend,
                                                                                        use_cache)
-        result[way] = measure(draft, target, prompt, args.n_tokens, args.K)
+        result[way] = measure(draft, target, prompt, args.n_tokens, args.K, args.repeats)
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}
     print(json.dumps(result))
 

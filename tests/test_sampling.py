@@ -199,6 +199,16 @@ def test_cached_target_is_called_once_per_loop_and_rolls_back_exactly(pair_param
         sampling.expected_speedup(stats.acceptance_rate, stats.cost_ratio, stats.drafted / stats.loops))
 
 
+def test_cached_target_is_called_once_per_loop_in_assisted_generation_too(pair_params):
+    draft_params, target_params = pair_params
+    target = Spy(gpt2.GPT2Model(target_params, HPARAMS), reference=gpt2.GPT2Model(target_params, HPARAMS, use_cache=False))
+    draft = Spy(gpt2.GPT2Model(draft_params, HPARAMS))
+    stats = sampling.SpeculativeStats()
+    sampling.greedy_assisted_generation([5, 6, 7], draft, target, 40, stats=stats)
+    assert len(target.calls) == stats.target_calls == stats.loops and len(draft.calls) == stats.drafted
+    assert 0 < stats.accepted < stats.drafted and target.calls_after_rollback > 0
+
+
 def test_identical_draft_and_target_accept_everything_at_any_settings(pair_params):
     _, target_params = pair_params  # p and q go through the same processing, so q / p is exactly 1
     for kwargs in [{}, {"temperature": 0.7, "top_k": 9, "top_p": 0.8}, {"temperature": 0}]:
