@@ -214,7 +214,7 @@ class GPT2Model:
         self.cached_tokens = np.zeros(0, dtype=np.int64)
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
-        x = np.asarray(x, dtype=np.int64)
+        x = np.array(x, dtype=np.int64)  # a copy: the caller may change its array after we cache it
         if len(x) > self.n_ctx:
             raise ValueError(f"a sequence of {len(x)} tokens exceeds the model's context of {self.n_ctx}")
         if not 1 <= n_last <= len(x):

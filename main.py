@@ -25,8 +25,8 @@ from encoder import get_encoder
 
 DECODERS = ("autoregressive", "speculative", "assisted")
 FLAGS = ("prompt", "n_tokens_to_generate", "draft_model_size", "target_model_size", "models_dir", "K",
-         "temperature", "top_k", "top_p", "seed", "decoder", "json", "color", "backend")
-STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend")
+         "temperature", "top_k", "top_p", "seed", "decoder", "json", "color", "backend", "dtype")
+STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype")
 COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m"}  # green, red, blue
 LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
 RESET = "\x1b[0m"
@@ -34,15 +34,17 @@ RESET = "\x1b[0m"
 
 def main(prompt="Alan Turing theorized that computers would one day become", n_tokens_to_generate=40,
          draft_model_size="124M", target_model_size="1558M", models_dir="models", K=4, temperature=0.0, top_k=0,
-         top_p=1.0, seed=123, decoder="autoregressive,speculative", json=False, color=None, backend="numpy"):
+         top_p=1.0, seed=123, decoder="autoregressive,speculative", json=False, color=None, backend="numpy",
+         dtype="float32"):
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
     generation, temperature 0 only). color: None colours on a terminal, True or False forces it.
+    backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     Returns the result dict that --json prints.
     """
     decoders = parse_decoders(decoder)
-    check_flags(n_tokens_to_generate, K, seed, decoders, temperature, backend)
+    check_flags(n_tokens_to_generate, K, seed, decoders, temperature, backend, dtype)
     sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
     prompt = str(prompt)
     for name in (draft_model_size, target_model_size):
@@ -54,12 +56,12 @@ def main(prompt="Alan Turing theorized that computers would one day become", n_t
     check_same_vocabulary(encoder, target_encoder, draft_hparams, target_hparams)
     prompt_ids = encode_prompt(encoder, prompt)
     check_context(len(prompt_ids), n_tokens_to_generate, draft_hparams, target_hparams)
-    draft = backends.make_model(draft_params, draft_hparams, backend)
-    target = backends.make_model(target_params, target_hparams, backend)
+    draft = backends.make_model(draft_params, draft_hparams, backend, dtype)
+    target = backends.make_model(target_params, target_hparams, backend, dtype)
 
     result = {"prompt": prompt, "draft": str(draft_model_size), "target": str(target_model_size), "K": K,
               "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-              "n_tokens": n_tokens_to_generate, "backend": backend}
+              "n_tokens": n_tokens_to_generate, "backend": backend, "dtype": dtype}
     stats = {}
     for name in DECODERS:
         result[name] = None
@@ -90,9 +92,11 @@ def parse_decoders(decoder):
     return names
 
 
-def check_flags(n_tokens, K, seed, decoders, temperature, backend):
+def check_flags(n_tokens, K, seed, decoders, temperature, backend, dtype):
     if backend not in backends.BACKENDS:
         raise ValueError(f"unknown --backend {backend!r}: choose one of {', '.join(backends.BACKENDS)}")
+    if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and backend != "jax"):
+        raise ValueError(f"--dtype must be float32, or bfloat16 with --backend jax; got {dtype!r}")
     if not sampling.is_integer(n_tokens) or n_tokens < 1:
         raise ValueError(f"--n_tokens_to_generate must be an integer >= 1, got {n_tokens!r}")
     if not sampling.is_integer(K) or K < 1:

@@ -101,6 +101,19 @@ def test_json_run_on_a_tiny_pair(models_dir):
     assert output["speedup"] == pytest.approx(output["autoregressive"]["seconds"] / output["speculative"]["seconds"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_jax_backend_gives_the_numpy_backends_greedy_tokens(models_dir, dtype):
+    args = [*PAIR, "--n_tokens_to_generate", "12", "--K", "3", "--temperature", "0", "--json"]
+    numpy_run = run_main(*args, models_dir=models_dir)
+    jax_run = run_main(*args, "--backend", "jax", "--dtype", dtype, models_dir=models_dir)
+    assert numpy_run.returncode == 0 and jax_run.returncode == 0, jax_run.stderr
+    numpy_output, jax_output = (json.loads(run.stdout.strip().splitlines()[-1]) for run in (numpy_run, jax_run))
+    assert jax_output["backend"] == "jax" and jax_output["dtype"] == dtype
+    assert jax_output["speculative"]["tokens"] == jax_output["autoregressive"]["tokens"]
+    if dtype == "float32":  # bfloat16 rounds the logits: its greedy tokens may differ from float32's
+        assert jax_output["autoregressive"]["tokens"] == numpy_output["autoregressive"]["tokens"]
+
+
 def test_text_report_colours_only_when_asked(models_dir):
     plain = run_main(*PAIR, "--n_tokens_to_generate", "12", models_dir=models_dir)
     assert plain.returncode == 0, plain.stderr
@@ -128,6 +141,9 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--decoder", "beam"], "unknown decoder beam"),
     (["--decoder", "assisted", "--temperature", "0.5"], "needs --temperature 0"),
     (["--temprature", "0.5"], "unknown flag --temprature"),
+    (["--dtype", "bfloat16"], "bfloat16 with --backend jax"),
+    (["--dtype", "float64"], "--dtype must be float32"),
+    (["--backend", "torch"], "unknown --backend"),
     (["--n_tokens_to_generate", "64"], "exceed the models' context of 64"),
     (["--target_model_size", "other-vocabulary"], "different vocabularies"),
 ])
