@@ -1,0 +1,163 @@
+"""The classroom notebooks: each executes top to bottom in a fresh kernel (nbclient) and verifies what it
+teaches, and the committed copies carry their outputs, small enough to read well on the web.
+
+Each notebook's last cell prints `checks: {json}`, the values it verified; the tests read them from the
+outputs. Executing all five takes a few minutes on a 2-core CPU.
+"""
+
+import base64
+import functools
+import io
+import json
+import subprocess
+import sys
+
+import matplotlib
+import nbformat
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tools"))
+import make_notebooks  # noqa: E402
+
+NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
+             "4_why_lossless.ipynb", "5_when_it_pays.ipynb"]
+PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
+
+
+def code_cells(notebook):
+    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def outputs(notebook):
+    return [output for cell in code_cells(notebook) for output in cell.get("outputs", [])]
+
+
+def checks_of(notebook):
+    """The JSON the last code cell prints after 'checks: '."""
+    for output in code_cells(notebook)[-1].get("outputs", []):
+        for line in output.get("text", "").splitlines():
+            if line.startswith("checks: "):
+                return json.loads(line[len("checks: "):])
+    raise AssertionError("the last code cell printed no 'checks: {...}' line")
+
+
+def committed(name):
+    return nbformat.read(REPO / "notebooks" / name, as_version=4)
+
+
+@functools.cache
+def executed(name):
+    if not all(path.is_file() for path in PAIR):
+        pytest.skip("the bundled pair models/teach-target and models/teach-draft is missing "
+                    "(python tools/train_pair.py writes it)")
+    return make_notebooks.execute(REPO / "notebooks" / name)
+
+
+# ---------------------------------------------------------------- executed now
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_executes_and_its_checks_pass(name):
+    notebook = executed(name)  # raises CellExecutionError if any cell fails
+    assert not [output for output in outputs(notebook) if output.output_type == "error"]
+    assert any("image/png" in output.get("data", {}) for output in outputs(notebook)), "no picture was drawn"
+    checks = checks_of(notebook)
+    failed = [key for key, value in checks.items() if value is False]
+    assert checks and not failed, f"{name}: failed checks {failed}"
+
+
+def test_gpt2_notebook_hand_pass_and_greedy_check():
+    checks = checks_of(executed("1_gpt2_in_numpy.ipynb"))
+    assert checks["hand_pass_max_abs_diff"] < 1e-3
+    assert checks["greedy_matches_full_pass"] is True
+
+
+def test_decoding_notebook_cache_and_processing():
+    checks = checks_of(executed("2_decoding_and_kv_cache.ipynb"))
+    assert checks["cache_gives_same_tokens"] and checks["own_loop_matches_library"]
+    assert checks["top_k_keeps_k"] and checks["top_p_is_smallest_set_over_p"]
+
+
+def test_step_by_step_notebook_matches_the_library():
+    checks = checks_of(executed("3_speculative_step_by_step.ipynb"))
+    assert checks["hand_loop_matches_library"] is True
+    assert checks["greedy_speculative_equals_autoregressive"] and checks["assisted_equals_autoregressive"]
+
+
+def test_lossless_notebook_chi_square_tells_correct_from_broken():
+    checks = checks_of(executed("4_why_lossless.ipynb"))
+    assert checks["proof_terms_sum_to_q"] is True
+    for key in ("toy_p_value_correct", "pair_p_value_library", "pair_p_value_correct"):
+        assert checks[key] > 0.001, key
+    for key in ("toy_p_value_broken", "pair_p_value_broken"):
+        assert checks[key] < 1e-6, key
+
+
+def test_when_it_pays_notebook_measures_every_K():
+    checks = checks_of(executed("5_when_it_pays.ipynb"))
+    assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
+    assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
+
+
+# ---------------------------------------------------------------- the committed copies
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_notebook_has_its_outputs_and_fits_the_budget(name):
+    notebook = committed(name)
+    counts = [cell.get("execution_count") for cell in code_cells(notebook)]
+    assert counts == list(range(1, len(counts) + 1)), "not executed top to bottom in one fresh kernel"
+    assert not [output for output in outputs(notebook) if output.output_type == "error"]
+    assert any("image/png" in output.get("data", {}) for output in outputs(notebook))
+    checks = checks_of(notebook)
+    assert checks and not [key for key, value in checks.items() if value is False]
+    size = (REPO / "notebooks" / name).stat().st_size
+    assert size <= make_notebooks.SIZE_BUDGET_BYTES, f"{name} is {size} bytes"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_notebook_declares_a_python3_kernel(name):
+    assert committed(name).metadata["kernelspec"]["name"] == "python3"  # what Jupyter and the web show
+
+
+def test_readme_links_every_notebook():
+    readme = (REPO / "notebooks" / "README.md").read_text()
+    for name in NOTEBOOKS:
+        assert f"]({name})" in readme, name
+    assert sorted(path.name for path in (REPO / "notebooks").glob("*.ipynb")) == NOTEBOOKS
+
+
+# ---------------------------------------------------------------- the tool
+
+
+def test_shrink_images_keeps_the_picture_in_fewer_bytes():
+    fig, ax = plt.subplots(figsize=(4, 2), dpi=80)
+    ax.plot([0, 1, 2], [1, 3, 2], "o-", label="a line")
+    ax.imshow([[0, 1], [1, 0]], extent=(0, 1, 0, 1))
+    ax.legend()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    original = buffer.getvalue()
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("plot()", outputs=[
+        nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(original).decode()})])])
+    shrunk = base64.b64decode(make_notebooks.shrink_images(notebook).cells[0].outputs[0].data["image/png"])
+    from PIL import Image
+
+    before, after = Image.open(io.BytesIO(original)), Image.open(io.BytesIO(shrunk))
+    assert after.size == before.size and len(shrunk) < len(original)
+    difference = np.abs(np.asarray(before.convert("RGB"), float) - np.asarray(after.convert("RGB"), float))
+    assert difference.mean() < 2  # per channel, out of 255
+
+
+def test_tool_reports_a_missing_notebook_in_one_line():
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "make_notebooks.py"), "--execute", "nope.ipynb"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "no such notebook" in result.stderr and "Traceback" not in result.stderr
