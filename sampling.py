@@ -228,8 +228,23 @@ class SpeculativeStats:
         return len(self.origins)
 
     @property
-    def acceptance_rate(self):  # None when nothing was drafted
-        return self.accepted / self.drafted if self.drafted else None
+    def rejected(self):  # drafts the target judged and refused; the drafts after them are never judged
+        return self.origins.count("corrected")
+
+    @property
+    def acceptance_rate(self):  # None when nothing was judged
+        """Leviathan et al.'s alpha: the chance that a draft the target judges is accepted.
+
+        A loop stops at its first rejection and discards the rest of its drafts unjudged, so
+        accepted / drafted would understate alpha (and more so the larger K is); accepted /
+        (accepted + rejected) is its maximum-likelihood estimate, the a of expected_speedup.
+        """
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else None
+
+    @property
+    def accepted_per_loop(self):  # the paper's Figure 1 plots this divided by K + 1
+        return self.accepted / self.loops if self.loops else None
 
     @property
     def tokens_per_target_call(self):
@@ -249,8 +264,9 @@ class SpeculativeStats:
         return expected_speedup(self.acceptance_rate, self.cost_ratio, self.drafted / self.loops)
 
     def as_dict(self):
-        names = ["loops", "target_calls", "draft_calls", "drafted", "accepted", "target_seconds", "draft_seconds",
-                 "generated", "acceptance_rate", "tokens_per_target_call", "cost_ratio", "expected_speedup"]
+        names = ["loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "target_seconds",
+                 "draft_seconds", "generated", "acceptance_rate", "accepted_per_loop", "tokens_per_target_call",
+                 "cost_ratio", "expected_speedup"]
         return {name: getattr(self, name) for name in names}
 
 

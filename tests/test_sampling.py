@@ -209,6 +209,32 @@ def test_cached_target_is_called_once_per_loop_in_assisted_generation_too(pair_p
     assert 0 < stats.accepted < stats.drafted and target.calls_after_rollback > 0
 
 
+class ConstantModel:
+    """Next-token distribution `probs` after any context (the project's contract, with logits)."""
+
+    def __init__(self, probs):
+        with np.errstate(divide="ignore"):  # log(0) = -inf: an impossible token
+            self.log_probs = np.log(np.asarray(probs, dtype=np.float32))
+        self.n_vocab, self.n_ctx = len(probs), 10**6
+
+    def logits(self, x, n_last=1):
+        return np.tile(self.log_probs, (n_last, 1))
+
+    def reset(self):
+        pass
+
+
+@pytest.mark.parametrize("K", [1, 4, 8])
+def test_acceptance_rate_estimates_alpha_whatever_K(K):
+    # q = (0.5, 0.5, 0), p = (0.2, 0.2, 0.6): alpha = sum(min(p, q)) = 0.4 for every draft
+    stats = sampling.SpeculativeStats()
+    sampling.speculative_sampling([0], ConstantModel([0.2, 0.2, 0.6]), ConstantModel([0.5, 0.5, 0.0]), 4000, K,
+                                  np.random.default_rng(0), stats=stats)
+    assert stats.acceptance_rate == pytest.approx(0.4, abs=0.03)
+    assert stats.accepted + stats.rejected < stats.drafted or K == 1  # unjudged drafts are not counted against it
+    assert stats.tokens_per_target_call == pytest.approx(sampling.expected_tokens_per_loop(0.4, K), rel=0.05)
+
+
 def test_identical_draft_and_target_accept_everything_at_any_settings(pair_params):
     _, target_params = pair_params  # p and q go through the same processing, so q / p is exactly 1
     for kwargs in [{}, {"temperature": 0.7, "top_k": 9, "top_p": 0.8}, {"temperature": 0}]:
