@@ -14,10 +14,8 @@
   power of two as well): a small model's step costs less on the device than the host spends
   dispatching it (GUIDE section 3).
 
-dtype="bfloat16" stores the weights and the KV cache in bfloat16, half the bytes to read per token.
-(gpt2.causal_mask is float32, so for now the attention's scores + mask turns the residual stream back
-to float32 and the later matmuls mix float32 activations with bfloat16 weights; a test marks this.)
-Logits and probabilities always come back as float32 NumPy arrays.
+dtype="bfloat16" stores the weights and the KV cache in bfloat16, half the bytes to read per token,
+and computes in bfloat16 throughout (gpt2.attention casts its float32-masked scores back). Logits and probabilities always come back as float32 NumPy arrays.
 """
 
 import collections

@@ -1,6 +1,8 @@
 """Decode one prompt autoregressively and speculatively, and compare.
 
-    python main.py --K 4 --temperature 0
+    python main.py --K 4 --temperature 0           # the bundled teaching pair (models/teach-*)
+    python main.py --draft_model_size 124M --target_model_size 1558M \
+        --prompt "Alan Turing theorized that computers would one day become"   # the paper's GPT-2 pair
     python main.py --prompt "def fibonacci(n):" --n_tokens_to_generate 64 --decoder speculative,assisted
     python main.py --json        # one JSON object as the last line of stdout
 
@@ -32,8 +34,8 @@ LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus
 RESET = "\x1b[0m"
 
 
-def main(prompt="Alan Turing theorized that computers would one day become", n_tokens_to_generate=40,
-         draft_model_size="124M", target_model_size="1558M", models_dir="models", K=4, temperature=0.0, top_k=0,
+def main(prompt="The :mod:`json` module", n_tokens_to_generate=64, draft_model_size="teach-draft",
+         target_model_size="teach-target", models_dir="models", K=4, temperature=0.0, top_k=0,
          top_p=1.0, seed=123, decoder="autoregressive,speculative", json=False, color=None, backend="numpy",
          dtype="float32"):
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
