@@ -8,8 +8,10 @@ Each notebook runs top to bottom in a fresh kernel of this very Python (sys.exec
 kernelspecs the machine has or lacks, with notebooks/ as its working directory, as Jupyter runs it.
 A cell that raises stops the run and leaves the notebook on disk as it was; a finished notebook has
 its pictures re-encoded with a 256-colour palette (a third of the bytes, no visible change, so the
-committed notebooks stay small) and is written under a temporary name and renamed into place. tests/test_notebooks.py runs the same
-`execute`. The notebooks themselves are the source: edit them in Jupyter, then run this.
+committed notebooks stay small) and is written under a temporary name and renamed into place.
+tests/test_notebooks.py runs the same `execute`. The notebooks themselves are the source: edit them
+in Jupyter, then run this on a quiet machine: notebooks 2, 3 and 5 time things as they run, and where
+other programs compete for a small CPU, BLAS threads can make multi-row calls many times slower.
 """
 
 import argparse
