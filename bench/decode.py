@@ -14,11 +14,16 @@ how busy it was. With two BLAS threads on two cores, one other busy process can 
 slower (a thread that is descheduled stalls the other), so compare only runs taken on an idle machine.
 """
 
+import os
+
+# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, OpenBLAS's
+# second thread made small matrix products erratic and a GPT-2 124M decode step 13x slower (README).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import ctypes
 import glob
 import json
-import os
 import platform
 import statistics
 import sys

@@ -22,9 +22,14 @@ target call costs in autoregressive decode steps (1 in the paper's model; about 
 where OpenBLAS packs the weights for every multi-row matmul). Prints one JSON object as its last line.
 """
 
+import os
+
+# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, OpenBLAS's
+# second thread made small matrix products erratic and a GPT-2 124M decode step 13x slower (README).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import json
-import os
 import platform
 import sys
 import time
