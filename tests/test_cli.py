@@ -145,7 +145,7 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--dtype", "float64"], "--dtype must be float32"),
     (["--backend", "torch"], "unknown --backend"),
     (["--n_tokens_to_generate", "64"], "exceed the models' context of 64"),
-    (["--target_model_size", "other-vocabulary"], "different vocabularies"),
+    (["--target_model_size", "other-vocabulary", "--n_tokens_to_generate", "8"], "different vocabularies"),
 ])
 def test_bad_flags_get_a_short_error(models_dir, args, message):
     result = run_main(*PAIR, *args, models_dir=models_dir)
