@@ -231,7 +231,7 @@ def print_report(result, stats, decode, use_colour):
                   f"target call, {run['draft_calls']} draft calls; {run['draft_seconds']:.2f} s in the draft, "
                   f"{run['target_seconds']:.2f} s in the target (cost ratio {fmt(run['cost_ratio'], '.3f')})")
             print(f"  speedup {fmt(run['speedup'], '.2f')}x measured, {fmt(run['expected_speedup'], '.2f')}x expected "
-                  "from the acceptance rate and cost ratio")
+                  "by the formula from the acceptance rate and cost ratio, if a target call cost one decode step")
 
 
 # ---- the command line --------------------------------------------------------------------------
