@@ -182,6 +182,19 @@ def init_params(hparams, rng):
             "blocks": [block() for _ in range(hparams["n_layer"])], "ln_f": norm()}
 
 
+def perplexity(tokens, params, hparams):
+    """exp(mean next-token cross-entropy) of a token sequence, scored in consecutive full-context windows."""
+    nll, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, hparams["n_ctx"]):
+        window = np.asarray(tokens[start:start + hparams["n_ctx"] + 1])
+        logits = gpt2(window[:-1], **params, n_head=hparams["n_head"]).astype(np.float64)  # sums need float64
+        log_probs = logits - logits.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        nll -= log_probs[np.arange(len(window) - 1), window[1:]].sum()
+        count += len(window) - 1
+    return math.exp(nll / count)
+
+
 def empty_cache(hparams, xp=np):  # -> n_layer x ([n_head, n_ctx, head_dim], same)
     head_dim = hparams["n_embd"] // hparams["n_head"]
     shape = (hparams["n_head"], hparams["n_ctx"], head_dim)

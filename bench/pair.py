@@ -20,7 +20,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -51,19 +50,6 @@ def parse_args():
 def held_out_tokens(encoder, path):
     text = Path(path).read_text(encoding="utf-8")
     return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
-
-
-def perplexity(params, hparams, tokens):
-    """exp(mean next-token cross-entropy) over consecutive full-context windows."""
-    n_ctx, nll, count = hparams["n_ctx"], 0.0, 0
-    for start in range(0, len(tokens) - 1, n_ctx):
-        window = tokens[start:start + n_ctx + 1]
-        logits = gpt2.gpt2(window[:-1], **params, n_head=hparams["n_head"]).astype(np.float64)
-        log_probs = logits - logits.max(-1, keepdims=True)
-        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-        nll -= log_probs[np.arange(len(window) - 1), window[1:]].sum()
-        count += len(window) - 1
-    return math.exp(nll / count)
 
 
 def main():
@@ -101,8 +87,9 @@ def main():
         result["by_K"].append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     scored = tokens[:args.perplexity_tokens + 1]
-    result.update(perplexity_tokens=len(scored) - 1, target_perplexity=perplexity(target_params, target_hparams, scored),
-                  draft_perplexity=perplexity(draft_params, draft_hparams, scored))
+    result.update(perplexity_tokens=len(scored) - 1,
+                  target_perplexity=gpt2.perplexity(scored, target_params, target_hparams),
+                  draft_perplexity=gpt2.perplexity(scored, draft_params, draft_hparams))
     best = max(result["by_K"], key=lambda row: row["speedup"])
     result.update(best_K=best["K"], best_speedup=best["speedup"],
                   acceptance_rate_K4=next((r["acceptance_rate"] for r in result["by_K"] if r["K"] == 4), None),

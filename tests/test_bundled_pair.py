@@ -2,7 +2,6 @@
 well as when it was committed, and it reproduces a recorded greedy continuation exactly."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -31,18 +30,6 @@ def pair():
     return encoder, (target_hparams, target_params), (draft_hparams, draft_params)
 
 
-def perplexity(params, hparams, tokens):
-    nll, count = 0.0, 0
-    for start in range(0, len(tokens) - 1, hparams["n_ctx"]):
-        window = tokens[start:start + hparams["n_ctx"] + 1]
-        logits = gpt2.gpt2(window[:-1], **params, n_head=hparams["n_head"]).astype(np.float64)
-        log_probs = logits - logits.max(-1, keepdims=True)
-        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-        nll -= log_probs[np.arange(len(window) - 1), window[1:]].sum()
-        count += len(window) - 1
-    return math.exp(nll / count)
-
-
 def test_the_pair_is_stored_as_openai_releases_gpt2():
     for name in ["teach-target", "teach-draft"]:
         files = {path.name for path in (MODELS / name).iterdir()}
@@ -65,8 +52,8 @@ def test_the_pair_loads_as_float32_with_the_documented_shapes(pair):
 def test_held_out_perplexity_stays_at_the_recorded_value(pair):
     encoder, (target_hparams, target_params), (draft_hparams, draft_params) = pair
     tokens = np.asarray(encoder.encode(HELD_OUT.read_text(encoding="utf-8")))
-    target_ppl = perplexity(target_params, target_hparams, tokens)
-    draft_ppl = perplexity(draft_params, draft_hparams, tokens)
+    target_ppl = gpt2.perplexity(tokens, target_params, target_hparams)
+    draft_ppl = gpt2.perplexity(tokens, draft_params, draft_hparams)
     assert target_ppl <= TARGET_PERPLEXITY_AT_MOST
     assert draft_ppl <= DRAFT_PERPLEXITY_AT_MOST
     assert target_ppl < draft_ppl  # the target is the better model

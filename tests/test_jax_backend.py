@@ -15,39 +15,12 @@ import backends
 import gpt2
 import sampling
 from conftest import REPO  # the repository root
+from test_gpt2 import CONFIGS, random_params  # the engine's random configurations, also for JAX
 
 jax = pytest.importorskip("jax")
 import gpt2_jax  # noqa: E402
 
-CONFIGS = [  # test_gpt2.py's: every dimension differs; most vocabularies and contexts are not powers of two
-    dict(n_vocab=37, n_ctx=16, n_embd=16, n_head=4, n_layer=2),
-    dict(n_vocab=101, n_ctx=24, n_embd=24, n_head=3, n_layer=1),
-    dict(n_vocab=64, n_ctx=12, n_embd=32, n_head=2, n_layer=3),
-    dict(n_vocab=50, n_ctx=20, n_embd=48, n_head=6, n_layer=2),
-]
 LONG = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)  # room for 20+ decode steps
-
-
-def random_params(hparams, seed):
-    rng = np.random.default_rng(seed)
-    params = gpt2.init_params(hparams, rng)
-
-    def perturb(tree):
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                perturb(value)
-            elif key == "g":
-                tree[key] = (1.0 + 0.2 * rng.standard_normal(value.shape)).astype(np.float32)
-            elif key == "b":
-                tree[key] = (0.1 * rng.standard_normal(value.shape)).astype(np.float32)
-            else:
-                tree[key] = (10.0 * value).astype(np.float32)
-
-    for block in params["blocks"]:
-        perturb(block)
-    perturb({"ln_f": params["ln_f"]})
-    params["wte"], params["wpe"] = 10.0 * params["wte"], 10.0 * params["wpe"]
-    return params
 
 
 def reference_logits(tokens, params, hparams):
