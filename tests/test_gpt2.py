@@ -284,6 +284,20 @@ def test_model_accepts_lists(cache_setup):
     np.testing.assert_allclose(model.logits(tokens.tolist(), n_last=2), expected[-2:], rtol=1e-5, atol=1e-5)
 
 
+def test_decode_layout_keeps_the_numbers_and_the_callers_params(cache_setup):
+    params, _, _ = cache_setup
+    model = gpt2.GPT2Model(params, CACHE_HPARAMS)
+    for block, laid_out in zip(params["blocks"], model.params["blocks"]):
+        for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
+            w, fast = block[group][layer]["w"], laid_out[group][layer]["w"]
+            n_in, n_out = w.shape
+            assert fast.flags.f_contiguous if n_in > n_out else fast.flags.c_contiguous
+            assert fast.dtype == np.float32 and np.array_equal(fast, w)
+            assert w.flags.c_contiguous  # the caller's arrays are not reordered in place
+            assert laid_out[group][layer]["b"] is block[group][layer]["b"]  # unchanged arrays are shared
+    assert model.unembedding.flags.c_contiguous and np.array_equal(model.unembedding, params["wte"].T)
+
+
 # ------------------------------------------------------------------------------------------ context limit
 
 
