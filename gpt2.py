@@ -77,9 +77,9 @@ def attention(q, k, v, mask):  # [n_head, n_q, d], [n_head, n_k, d] x2, [n_q, n_
     return softmax(scores + mask).astype(v.dtype, copy=False) @ v  # the mask is float32: keep bfloat16 bfloat16
 
 
-def split_heads(x, n_head):  # [n_seq, n_embd] -> [n_head, n_seq, n_embd/n_head]
-    xp = array_module(x)
-    return xp.swapaxes(x.reshape(x.shape[0], n_head, -1), 0, 1)
+def split_qkv_heads(qkv, n_head):  # [n_seq, 3*n_embd] -> [3, n_head, n_seq, head_dim]: q, k and v, head by head
+    xp = array_module(qkv)
+    return xp.transpose(qkv.reshape(qkv.shape[0], 3, n_head, -1), (1, 2, 0, 3))  # one view: np.split costs more
 
 
 def merge_heads(x):  # [n_head, n_seq, head_dim] -> [n_seq, n_head*head_dim]
@@ -106,7 +106,7 @@ def write_cache(buffer, new, start):  # [n_head, n_ctx, d], [n_head, n_new, d] -
 def mha(x, c_attn, c_proj, n_head, kv_cache=None, start=0):  # [n_seq, n_embd] -> [n_seq, n_embd]
     xp = array_module(x)
     qkv = linear(x, **c_attn)  # [n_seq, n_embd] -> [n_seq, 3*n_embd]
-    q, k, v = (split_heads(part, n_head) for part in xp.split(qkv, 3, axis=-1))  # 3 x [n_head, n_seq, head_dim]
+    q, k, v = split_qkv_heads(qkv, n_head)  # 3 x [n_head, n_seq, head_dim]
     if kv_cache is not None:  # attend to the cached positions too
         k_buffer, v_buffer = kv_cache
         k_buffer, k = write_cache(k_buffer, k, start)  # [n_head, n_k, head_dim]
