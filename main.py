@@ -14,8 +14,8 @@ Bad input gets `error: ...` on stderr and exit status 2, before any model is loa
 
 import os
 
-# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, OpenBLAS's
-# second thread made small matrix products erratic and a GPT-2 124M decode step 13x slower (README).
+# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, a second OpenBLAS
+# thread made a GPT-2 124M decode step 22% faster when idle, 1.7x slower with one other busy process (README).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import json as jsonlib
