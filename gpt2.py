@@ -217,9 +217,9 @@ def decode_layout(w):  # [n_in, n_out] -> the same matrix, maybe copied into the
     """w in the memory order OpenBLAS reads fastest in a single-row product x[1, n_in] @ w.
 
     A decode step is such products over every weight, so their read speed is its speed. Measured on our
-    CPU with one thread (bench/README.md): wide and square matrices stream fastest row-major (c_attn,
-    c_fc and wte.T: 25 GB/s, against 18 column-major), tall ones column-major (the MLP's c_proj, 3072 x
-    768: 24 GB/s, against 20.5). A copy is made only where the order changes.
+    CPU with one BLAS thread, the kit's default: wide and square matrices stream fastest row-major (c_attn,
+    c_fc and wte.T: 25-28 GB/s, against 17-20 column-major), tall ones column-major (the MLP's c_proj,
+    3072 x 768: 24 GB/s, against 20.5). A copy is made only where the order changes.
     """
     n_in, n_out = w.shape
     return np.asfortranarray(w) if n_in > n_out else np.ascontiguousarray(w)
@@ -247,7 +247,8 @@ class GPT2Model:
     def __init__(self, params, hparams, use_cache=True):
         self.hparams, self.use_cache = hparams, use_cache
         # the same numbers, laid out for decoding's single-row products. The copies this makes, wte.T and the
-        # MLPs' c_proj, add 54% to a GPT-2's weights in memory and took 2.6 and 1.1 ms off a 24 ms 124M step
+        # MLPs' c_proj, add 54% to a GPT-2's weights in memory; on a 24 ms 124M step they took off 2.6 ms
+        # and 0.3-1.1 ms (the second costs 1% on a 5-token verification, where row-major reads better)
         self.params = in_decode_layout(params)
         self.unembedding = decode_layout(params["wte"].T)  # the tied output projection, [n_embd, n_vocab]
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
