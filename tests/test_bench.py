@@ -1,0 +1,75 @@
+"""The benchmarks still run and still measure what they claim, on tiny random models (their speed is never
+tested: bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
+bench/speculative.py runs end to end on a tiny random pair.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpt2
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(n_vocab=97, n_ctx=64, n_embd=32, n_head=4, n_layer=2)
+
+
+def load_bench(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_bench_times_the_same_greedy_tokens_as_transformers():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    decode = load_bench("decode")
+    params = gpt2.init_params(TINY, np.random.default_rng(0))
+    params["wte"] *= 50  # GPT-2's std 0.02 leaves near-ties between logits; make the argmax clear
+    prompt = [5, 17, 3]
+    model = gpt2.GPT2Model(params, TINY)
+
+    tokens, step_seconds = decode.greedy_decode(model, prompt, 12)
+    hf_tokens, hf_step_seconds = decode.hf_greedy_decode(decode.hf_model(params, TINY), prompt, 12)
+    assert tokens == hf_tokens and len(tokens) == 12
+    assert len(step_seconds) == len(hf_step_seconds) == 11  # decode steps only: the prompt is not timed
+    assert min(step_seconds) > 0 and min(hf_step_seconds) > 0
+
+    assert decode.verify_ratio(model, prompt + tokens, repeats=3) > 0
+
+
+def gpt2_parameter_count(n_vocab, n_ctx, n_embd, n_layer, **_):
+    per_block = 12 * n_embd**2 + 13 * n_embd  # c_attn, c_proj, c_fc, c_proj with biases, two layer norms
+    return (n_vocab + n_ctx) * n_embd + n_layer * per_block + 2 * n_embd
+
+
+def test_decode_bench_counts_every_weight_once():
+    decode = load_bench("decode")
+    assert gpt2_parameter_count(**decode.HPARAMS_124M) == 124_439_808  # GPT-2 "124M"
+    params = gpt2.init_params(TINY, np.random.default_rng(0))
+    assert decode.params_nbytes(params) == 4 * gpt2_parameter_count(**TINY)
+
+
+def test_decode_bench_reads_bandwidth_in_weight_bytes_per_second():
+    decode = load_bench("decode")
+    bandwidth = decode.ReadBandwidth(np.random.default_rng(0), k=512, n=256)
+    bandwidth.measure(3)
+    bandwidth.measure(2)
+    assert len(bandwidth.samples) == 5 and bandwidth.best_gbps() == max(bandwidth.samples) > 0
+
+
+def test_speculative_bench_reproduces_the_autoregressive_tokens():
+    command = [sys.executable, str(REPO / "bench" / "speculative.py"), "--draft_shape", "1,32,4", "--target_shape",
+               "2,64,4", "--n_vocab", "97", "--n_ctx", "64", "--n_tokens", "12", "--prompt_len", "4", "--K", "1,3"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    for mode in ("cached", "uncached"):
+        runs = result[mode]["speculative"]
+        assert [run["K"] for run in runs] == [1, 3]
+        assert all(run["same_tokens"] and run["speedup"] > 0 and 0 <= run["acceptance_rate"] <= 1 for run in runs)
