@@ -73,3 +73,22 @@ def test_speculative_bench_reproduces_the_autoregressive_tokens():
         runs = result[mode]["speculative"]
         assert [run["K"] for run in runs] == [1, 3]
         assert all(run["same_tokens"] and run["speedup"] > 0 and 0 <= run["acceptance_rate"] <= 1 for run in runs)
+
+
+def test_gpu_bench_smoke_run_on_the_cpu():
+    """bench/gpu.py is for a lent GPU, whose minutes are few: it must not reach one broken."""
+    pytest.importorskip("jax")
+    command = [sys.executable, str(REPO / "bench" / "gpu.py"), "--small", "--n_tokens", "8", "--repeats", "2",
+               "--loops", "2"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["small"] and result["copy_GBps"] > 0
+    assert set(result["decode"]) == {f"{size}_{dtype}" for size in ("124M", "1558M") for dtype in ("float32", "bfloat16")}
+    assert all(entry["ms_per_token"] > 0 and entry["roofline_ms"] > 0 for entry in result["decode"].values())
+    assert all(entry["ratio_5_to_1"] > 0 for entry in result["verify"].values())
+    assert [row["K"] for row in result["loop_124M_to_1558M_float32"]["by_K"]] == [1, 2, 3, 4, 5, 6, 7]
+    runs = [run for key, run in result["bundled_pair"].items() if key.startswith("K")]
+    assert runs and all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
+    if result["device"]["platform"] == "cpu":
+        assert all("skipped" in entry for entry in result["hf"].values())  # transformers is timed on a GPU only
