@@ -234,6 +234,20 @@ def in_decode_layout(params):
     return params
 
 
+def padded_block(tokens, room):  # [n] -> [n, or n rounded up to a multiple of 4 (at most room)]
+    """A block of several new tokens, padded with token 0 to a multiple of 4 rows.
+
+    OpenBLAS multiplies rows four at a time and is slow on a remainder: on our CPU a cached GPT-2 124M
+    forward over 2, 3, 4, 5 and 8 new tokens cost 2.2, 2.9, 1.9, 2.7 and 2.4 single-token steps. The
+    padding's keys and values land in the cache after the sequence, where no query of this call may
+    attend to them (they are in its future) and the next call overwrites them. A single token stays
+    alone: one row takes OpenBLAS's faster vector path. The JAX backend pads its blocks likewise.
+    """
+    n = len(tokens)
+    n_padded = min(-(-n // 4) * 4, room) if n > 1 else n
+    return np.concatenate([tokens, np.zeros(n_padded - n, dtype=tokens.dtype)])
+
+
 class GPT2Model:
     """A GPT-2 that remembers what it has already read.
 
@@ -268,8 +282,9 @@ class GPT2Model:
         if not self.use_cache:
             return gpt2(x, **self.params, n_head=self.hparams["n_head"], unembedding=self.unembedding)[-n_last:]
         start = min(common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
-        logits = gpt2(x[start:], **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
-                      unembedding=self.unembedding)
+        block = padded_block(x[start:], room=self.n_ctx - start)
+        logits = gpt2(block, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
+                      unembedding=self.unembedding)[:len(x) - start]  # the padding's logits are dropped
         self.cached_tokens = x
         return logits[-n_last:]
 

@@ -278,6 +278,33 @@ def test_model_rolls_back_when_the_sequence_diverges(cache_setup, use_cache):
     np.testing.assert_allclose(model.logits(tokens, n_last=len(tokens)), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_blocks_of_several_tokens_are_padded_to_four_rows():
+    tokens = np.array([7, 8, 9, 10, 11], dtype=np.int64)
+    for n, room, expected in [(1, 9, 1), (2, 9, 4), (3, 9, 4), (4, 9, 4), (5, 9, 8), (5, 6, 6), (3, 3, 3)]:
+        block = gpt2.padded_block(tokens[:n], room)
+        assert len(block) == expected and block.dtype == np.int64
+        assert list(block[:n]) == list(tokens[:n]) and not block[n:].any()
+
+
+@pytest.mark.parametrize("lengths", [(13, 3), (12, 2, 2), (11, 5), (14, 1, 1)])
+def test_model_blocks_up_to_the_end_of_the_context(lengths):
+    """Padding must stop at n_ctx, and what it leaves in the cache must never be read."""
+    params = random_params(CACHE_HPARAMS, seed=3)
+    tokens = np.random.default_rng(4).integers(0, CACHE_HPARAMS["n_vocab"], size=CACHE_HPARAMS["n_ctx"])
+    expected = full_logits(tokens, params, CACHE_HPARAMS)
+    model = gpt2.GPT2Model(params, CACHE_HPARAMS)
+    end = 0
+    for length in lengths:
+        end += length
+        logits = model.logits(tokens[:end], n_last=length)
+        np.testing.assert_allclose(logits, expected[end - length:end], rtol=1e-5, atol=1e-5)
+    for keep in (5, 10):  # roll back over positions that held padding, then run to the end again
+        np.testing.assert_allclose(model.logits(tokens[:keep + 2], n_last=2), expected[keep:keep + 2],
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(model.logits(tokens, n_last=len(tokens) - keep - 2), expected[keep + 2:],
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_model_accepts_lists(cache_setup):
     params, tokens, expected = cache_setup
     model = gpt2.GPT2Model(params, CACHE_HPARAMS)
