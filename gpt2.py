@@ -239,9 +239,11 @@ def padded_block(tokens, room):  # [n] -> [n, or n rounded up to a multiple of 4
 
     OpenBLAS multiplies rows four at a time and is slow on a remainder: on our CPU a cached GPT-2 124M
     forward over 2, 3, 4, 5 and 8 new tokens cost 2.2, 2.9, 1.9, 2.7 and 2.4 single-token steps. The
-    padding's keys and values land in the cache after the sequence, where no query of this call may
-    attend to them (they are in its future) and the next call overwrites them. A single token stays
-    alone: one row takes OpenBLAS's faster vector path. The JAX backend pads its blocks likewise.
+    padding's keys and values land in the cache after the sequence: no query of this call may attend to
+    them (they are in its future), and a later call attends only to positions it holds or has just
+    written over them, so they are never read. A single token stays
+    alone: one row takes OpenBLAS's faster vector path. (The JAX backend pads too, to powers of two, so
+    that it compiles one program per size.)
     """
     n = len(tokens)
     n_padded = min(-(-n // 4) * 4, room) if n > 1 else n
