@@ -92,3 +92,16 @@ def test_gpu_bench_smoke_run_on_the_cpu():
     assert runs and all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
     if result["device"]["platform"] == "cpu":
         assert all("skipped" in entry for entry in result["hf"].values())  # transformers is timed on a GPU only
+
+
+def test_pair_bench_runs_on_the_held_out_sample():
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
+               "--n_prompts", "2", "--n_tokens", "16", "--K", "1,4", "--perplexity_tokens", "200"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert [row["K"] for row in result["by_K"]] == [1, 4]
+    for row in result["by_K"]:
+        assert 0 <= row["acceptance_rate"] <= 1 and row["speedup"] > 0
+        assert row["speedup"] == pytest.approx(row["autoregressive_seconds"] / row["seconds"])
+    assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
