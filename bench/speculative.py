@@ -18,8 +18,8 @@ Every speculative run must reproduce the autoregressive tokens exactly (greedy),
 
 The expected speedup is Leviathan et al.'s formula, sampling.expected_speedup(a, c, K), with a the run's
 acceptance rate and c its mean draft call time over its mean target call time. verify_cost says what a
-target call costs in autoregressive decode steps (1 in the paper's model; about 3-4 on a 2-core CPU,
-where OpenBLAS packs the weights for every multi-row matmul). Prints one JSON object as its last line.
+target call costs in autoregressive decode steps (1 in the paper's model; 1.6-2.6 for the bundled
+pair on our 2-core CPU, where a multi-row matmul is compute-bound). Prints one JSON object as its last line.
 """
 
 import os
