@@ -89,8 +89,8 @@ def _lane_crcs(words):  # [n_lanes, n_words] uint32 -> [n_lanes] raw CRC of each
     register = np.zeros(n_lanes, np.uint32)
     low_half, high_half = register.view(np.uint16)[0::2], register.view(np.uint16)[1::2]  # little-endian
     looked_up_low, looked_up_high = np.empty_like(register), np.empty_like(register)
-    for first in range(0, n_words, 16):  # transpose 16 words at a time so each step reads contiguous memory
-        for column in np.ascontiguousarray(words[:, first:first + 16].T):
+    for block_start in range(0, n_words, 16):  # transpose 16 words at a time: each step reads contiguous memory
+        for column in np.ascontiguousarray(words[:, block_start:block_start + 16].T):
             register ^= column
             np.take(CRC_LOW, low_half, out=looked_up_low)
             np.take(CRC_HIGH, high_half, out=looked_up_high)
@@ -370,6 +370,7 @@ class TFCheckpoint:
         for key, value in entries.items():
             name = key.decode("utf-8", errors="replace")
             self.entries[name] = self._parse_entry(name, parse_message(value, self.path))
+        self.shapes = {name: entry["shape"] for name, entry in self.entries.items()}  # in key order
 
     def _parse_entry(self, name, fields):
         shape = []
@@ -385,11 +386,6 @@ class TFCheckpoint:
         if entry["shard"] >= self.n_shards:
             raise CheckpointError(f"{self.path}: tensor {name!r} is in shard {entry['shard']} of {self.n_shards}")
         return entry
-
-    @property
-    def shapes(self):
-        """{name: shape} of every tensor, in key order."""
-        return {name: entry["shape"] for name, entry in self.entries.items()}
 
     def dtype_name(self, name):
         enum = self.entries[name]["dtype"]
@@ -471,3 +467,9 @@ def replace_when_done(path):
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)  # only still there when something failed
+
+
+def write_atomically(path, data):
+    """Write bytes to `path` so that no reader ever sees half a file."""
+    with replace_when_done(path) as file:
+        file.write(data)

@@ -32,7 +32,7 @@ import urllib.request
 import numpy as np
 from tqdm import tqdm
 
-from encoder import get_encoder
+from encoder import get_encoder_from_dir
 from tf_checkpoint import CheckpointError, TFCheckpoint, replace_when_done, write_tf_checkpoint
 
 OPENAI_MODEL_SIZES = ("124M", "355M", "774M", "1558M")
@@ -77,15 +77,14 @@ def load_encoder_hparams_and_params(model_size, models_dir="models"):
         prefix = checkpoint_prefix(model_dir)
         require_files(model_dir, [prefix + ".index"])  # a missing data file is reported when it is read
         params = load_gpt2_params(TFCheckpoint(os.path.join(model_dir, prefix)), hparams)
-    encoder = get_encoder(os.path.join(model_dir, "encoder.json"), os.path.join(model_dir, "vocab.bpe"))
+    encoder = get_encoder_from_dir(model_dir)
     return encoder, hparams, params
 
 
 def model_directory(model_size, models_dir):
     """models_dir/model_size, after checking the name is one folder name that stays inside models_dir."""
     name = str(model_size)
-    separators = {"/", "\\", os.sep, os.altsep} - {None}
-    if name in ("", ".", "..") or any(sep in name for sep in separators) or "\0" in name or os.path.isabs(name):
+    if name in ("", ".", "..") or any(char in name for char in "/\\\0"):  # no separator of any OS, no NUL
         raise ModelNameError(f"model name {name!r} must be the name of a folder in {models_dir} "
                              "(no path separators, no '..')")
     model_dir = os.path.join(models_dir, name)

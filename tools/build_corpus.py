@@ -19,7 +19,6 @@ sha256 of each output) so anyone can rebuild the pair.
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import sysconfig
@@ -28,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: find encoder.py
 from encoder import EOT  # noqa: E402
+from tf_checkpoint import write_atomically  # noqa: E402
 
 DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
@@ -109,16 +109,6 @@ def debian_package_of(path):
     return f"{package} {version.stdout.strip()}"
 
 
-def write_atomic(path, data):
-    """Write bytes to a temporary file beside `path`, then rename: readers never see half a file."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def output_record(data, documents):
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "documents": len(documents)}
 
@@ -149,7 +139,7 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
     outputs = {}
     for split, split_documents in splits.items():
         data = EOT.join(text for _, text in split_documents).encode("utf-8")
-        write_atomic(out_dir / f"{split}.txt", data)
+        write_atomically(out_dir / f"{split}.txt", data)
         outputs[f"{split}.txt"] = output_record(data, split_documents)
 
     def source_bytes(docs_):
@@ -171,7 +161,7 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
         "skipped": skipped,
         "documents": {split: [name for name, _ in split_documents] for split, split_documents in splits.items()},
     }
-    write_atomic(out_dir / "manifest.json", (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode())
+    write_atomically(out_dir / "manifest.json", (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode())
     return manifest
 
 

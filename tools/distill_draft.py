@@ -2,9 +2,9 @@
 
 train_pair.py trains a one-layer draft beside the target. One layer cannot compose attention heads, so
 it cannot learn to copy from earlier context (an "induction head" takes two), and copying is much of
-what a target does on code and reference text. This stage grows the draft by one block and distils it
-from the frozen, finished target on the same corpus. The new block starts as an identity (its output
-projections are zero), so the grown draft starts exactly where the one-layer draft ended.
+what a target does on code and reference text. This stage grows the draft to --n_layer blocks (default 2)
+and distils it from the frozen, finished target on the same corpus. Each new block starts as an identity
+(its output projections are zero), so the grown draft starts exactly where the smaller draft ended.
 
     python tools/distill_draft.py --steps 150          # after tools/train_pair.py
 """
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpt2  # noqa: E402
 import train_pair  # noqa: E402
 import utils  # noqa: E402
-from encoder import get_encoder  # noqa: E402
+from encoder import get_encoder_from_dir  # noqa: E402
+from tf_checkpoint import write_atomically  # noqa: E402
 
 
 def grow(params, hparams, n_layer, rng):
@@ -55,7 +56,7 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
          batch_size=16, lr=1e-3, warmup=10, seed=1, eval_every=50, target_name="teach-target",
          draft_name="teach-draft"):
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
-    encoder = get_encoder(bpe_dir / "encoder.json", bpe_dir / "vocab.bpe")
+    encoder = get_encoder_from_dir(bpe_dir)
     train = train_pair.load_tokens(corpus_dir / "train.txt", encoder, bpe_dir / "train_tokens.npy")
     held_out = train_pair.load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy")
     _, target_hparams, target_params = utils.load_encoder_hparams_and_params(target_name, models_dir)
@@ -63,7 +64,6 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     rng = np.random.default_rng(seed)
     draft_params, draft_hparams = grow(draft_params, draft_hparams, n_layer, rng)
     params = {"target": jax.tree.map(jnp.asarray, target_params), "draft": jax.tree.map(jnp.asarray, draft_params)}
-    hparams = {"target": target_hparams, "draft": draft_hparams}
     seq_len = target_hparams["n_ctx"]
     step_fn = make_distill_step(target_hparams["n_head"], draft_hparams["n_head"])
     evaluate = train_pair.make_evaluate(target_hparams["n_head"], draft_hparams["n_head"])
@@ -87,7 +87,7 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
             stage["evals"].append({"step": step + 1, "minutes": (time.perf_counter() - started) / 60, **metrics})
             stage["minutes"] = stage["evals"][-1]["minutes"]
             train_pair.write_model(models_dir / draft_name, params["draft"], draft_hparams, bpe_dir)
-            log_path.write_text(json.dumps(log, indent=2) + "\n")
+            write_atomically(log_path, (json.dumps(log, indent=2) + "\n").encode())
             print("held-out", json.dumps(stage["evals"][-1]), flush=True)
 
 

@@ -33,6 +33,9 @@ from nbclient import NotebookClient
 from PIL import Image  # a dependency of matplotlib
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: find tf_checkpoint.py
+from tf_checkpoint import write_atomically  # noqa: E402
+
 NOTEBOOKS_DIR = REPO / "notebooks"
 SIZE_BUDGET_BYTES = 150_000  # per notebook, outputs included: small enough to read well on the web
 CELL_TIMEOUT_S = 300
@@ -79,10 +82,8 @@ def shrink_images(notebook):
 
 
 def write_in_place(notebook, path):
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    nbformat.write(notebook, tmp)
-    os.replace(tmp, path)
+    text = nbformat.writes(notebook)
+    write_atomically(path, (text if text.endswith("\n") else text + "\n").encode("utf-8"))  # as nbformat.write
 
 
 def describe(path):

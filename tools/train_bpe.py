@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import heapq
 import json
-import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -33,6 +32,7 @@ import regex
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: find encoder.py
 from encoder import EOT, PRETOKENIZE_PATTERN, bytes_to_unicode, merge_pair  # noqa: E402
+from tf_checkpoint import write_atomically  # noqa: E402
 
 VOCAB_SIZE = 4096  # 256 bytes + 3839 merges + <|endoftext|>
 INPUT = REPO / "build" / "corpus" / "train.txt"
@@ -141,15 +141,6 @@ def gpt2_files(merges):
     return json.dumps(encoder, ensure_ascii=False), "\n".join(lines) + "\n"
 
 
-def write_atomic(path, text):
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", type=Path, nargs="+", default=[INPUT], help="UTF-8 text files")
@@ -167,8 +158,8 @@ def main(argv=None):
         merges = train_bpe(texts, args.vocab_size, log)
         encoder_json, vocab_bpe = gpt2_files(merges)
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(out_dir / "encoder.json", encoder_json)
-        write_atomic(out_dir / "vocab.bpe", vocab_bpe)
+        write_atomically(out_dir / "encoder.json", encoder_json.encode("utf-8"))
+        write_atomically(out_dir / "vocab.bpe", vocab_bpe.encode("utf-8"))
     except (ValueError, OSError) as error:  # UnicodeDecodeError is a ValueError
         sys.exit(f"train_bpe: error: {error}")
     record = {
@@ -177,7 +168,7 @@ def main(argv=None):
         "merges": len(merges),
         "seconds": round(time.perf_counter() - start, 1),
     }
-    write_atomic(out_dir / "training.json", json.dumps(record, indent=1) + "\n")
+    write_atomically(out_dir / "training.json", (json.dumps(record, indent=1) + "\n").encode("utf-8"))
     log(f"wrote {out_dir}: {record['vocab_size']} tokens ({len(merges)} merges)")
 
 

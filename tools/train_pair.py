@@ -27,20 +27,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
-from encoder import get_encoder  # noqa: E402
+from encoder import get_encoder_from_dir  # noqa: E402
+from tf_checkpoint import write_atomically  # noqa: E402
 from utils import save_gpt2_checkpoint  # noqa: E402
 
-EOT = "<|endoftext|>"
-
-
 def load_tokens(corpus_file, encoder, cache_file):
-    """The corpus as one array of token ids, documents separated by <|endoftext|>; cached on disk."""
-    if cache_file.exists() and cache_file.stat().st_mtime > corpus_file.stat().st_mtime:
+    """The corpus as one array of token ids, each document followed by <|endoftext|>; cached on disk beside
+    the vocabulary it was encoded with, and encoded again when the corpus or that vocabulary is newer."""
+    sources = (corpus_file, cache_file.parent / "encoder.json")
+    if cache_file.exists() and cache_file.stat().st_mtime > max(path.stat().st_mtime for path in sources):
         return np.load(cache_file)
-    ids = []
-    for document in corpus_file.read_text(encoding="utf-8").split(EOT):
-        ids.extend(encoder.encode(document))
-        ids.append(encoder.eot_token)
+    ids = encoder.encode(corpus_file.read_text(encoding="utf-8"), allow_eot=True) + [encoder.eot_token]
     tokens = np.asarray(ids, dtype=np.uint16)
     np.save(cache_file, tokens)
     return tokens
@@ -69,8 +66,8 @@ def distillation_kl(teacher_logits, student_logits):  # mean KL(teacher || stude
 
 
 def adamw_init(params):
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    return {"m": zeros, "v": jax.tree.map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)}
+    zeros = jax.tree.map(jnp.zeros_like, params)  # JAX arrays are immutable: m and v may share them
+    return {"m": zeros, "v": zeros, "t": jnp.zeros((), jnp.int32)}
 
 
 def adamw_update(params, grads, state, lr, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=1.0):
@@ -145,7 +142,7 @@ def write_model(out_dir, params, hparams, bpe_dir):
     renamed into place, so an interrupted run never leaves a half-written model."""
     tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    save_gpt2_checkpoint(jax.tree.map(np.asarray, params), hparams, tmp_dir, dtype=np.float16)
+    save_gpt2_checkpoint(params, hparams, tmp_dir, dtype=np.float16)
     for name in ("encoder.json", "vocab.bpe"):
         shutil.copyfile(bpe_dir / name, tmp_dir / name)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -155,7 +152,7 @@ def write_model(out_dir, params, hparams, bpe_dir):
 def write_pair(out_dir, params, hparams, bpe_dir, names, log):
     for role, name in names.items():
         write_model(out_dir / name, params[role], hparams[role], bpe_dir)
-    (out_dir / "training_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    write_atomically(out_dir / "training_log.json", (json.dumps(log, indent=2) + "\n").encode())
 
 
 def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", steps=1500, batch_size=16,
@@ -163,7 +160,7 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
          target_shape=(256, 12, 8), draft_shape=(128, 1, 4), target_name="teach-target", draft_name="teach-draft"):
     """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head)."""
     corpus_dir, bpe_dir, out_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir)
-    encoder = get_encoder(bpe_dir / "encoder.json", bpe_dir / "vocab.bpe")
+    encoder = get_encoder_from_dir(bpe_dir)
     train = load_tokens(corpus_dir / "train.txt", encoder, bpe_dir / "train_tokens.npy")
     held_out = load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy")
     print(f"train tokens {len(train):,}, held-out tokens {len(held_out):,}, vocabulary {encoder.n_vocab}", flush=True)
@@ -182,7 +179,8 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
 
     log = {"recipe": {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
                       "seed": seed, "hparams": hparams, "jax": jax.__version__,
-                      "device": str(jax.devices()[0].device_kind)}, "evals": []}
+                      "device": str(jax.devices()[0].device_kind)}, "evals": [],
+           "train_tokens": int(len(train)), "held_out_tokens": int(len(held_out))}
     started = time.perf_counter()
     data = batches(train, batch_size, seq_len, rng)
     for step in range(steps):
@@ -197,8 +195,7 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
             metrics = held_out_metrics(evaluate, params, held_out, seq_len)
             metrics.update(step=step + 1, minutes=(time.perf_counter() - started) / 60)
             log["evals"].append(metrics)
-            log.update(steps_done=step + 1, tokens_seen=(step + 1) * batch_size * seq_len, minutes=metrics["minutes"],
-                       train_tokens=int(len(train)), held_out_tokens=int(len(held_out)))
+            log.update(steps_done=step + 1, tokens_seen=(step + 1) * batch_size * seq_len, minutes=metrics["minutes"])
             write_pair(out_dir, params, hparams, bpe_dir, names, log)  # a usable pair at every evaluation
             print("held-out", json.dumps({k: round(v, 4) for k, v in metrics.items()}), flush=True)
 
