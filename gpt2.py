@@ -8,7 +8,8 @@ position embeddings and the tied output projection. Parameters nest like OpenAI'
 Every function works on NumPy arrays and, unchanged, on JAX arrays (traced under jax.jit): the array
 module is picked from the input's type, constants are Python floats (which keep float32 float32 under
 NumPy 2's promotion rules; a NumPy float64 scalar would silently turn the residual stream into
-float64) and the only difference between the two, how a KV cache is written, sits in `write_cache`.
+float64) and the one difference in the model math, how a KV cache is written, sits in `write_cache`
+(check_inputs also skips its token-range check on traced JAX inputs, which have no values to check).
 
 The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
 cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
@@ -200,10 +201,10 @@ def perplexity(tokens, params, hparams):
     return math.exp(nll / count)
 
 
-def empty_cache(hparams, xp=np):  # -> n_layer x ([n_head, n_ctx, head_dim], same)
+def empty_cache(hparams, xp=np, dtype=np.float32):  # -> n_layer x ([n_head, n_ctx, head_dim], same)
     head_dim = hparams["n_embd"] // hparams["n_head"]
     shape = (hparams["n_head"], hparams["n_ctx"], head_dim)
-    return [(xp.zeros(shape, xp.float32), xp.zeros(shape, xp.float32)) for _ in range(hparams["n_layer"])]
+    return [(xp.zeros(shape, dtype), xp.zeros(shape, dtype)) for _ in range(hparams["n_layer"])]
 
 
 def common_prefix_length(a, b):

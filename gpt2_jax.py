@@ -49,9 +49,10 @@ def probabilities(logits, temperature=1.0, top_k=0, top_p=1.0):  # [n_vocab] -> 
 
     Temperature, then top-k (ties with the k-th kept), then top-p (keep a token while the more likely
     ones hold less than top_p; equal probabilities rank by id), renormalised; temperature 0 is a one-hot
-    at the argmax, ties to the lowest id. The settings are Python numbers, fixed at trace time. One
-    difference: the host sums top-p's mass in float64, which JAX does not have by default, so a token
-    whose mass lands within float32 rounding of top_p may be cut differently.
+    at the argmax, ties to the lowest id. The settings are Python numbers, fixed at trace time. Two
+    differences: the host sums top-p's mass in float64, which JAX does not have by default, so a token
+    whose mass lands within float32 rounding of top_p may be cut differently; and the host raises a
+    temperature below float32's smallest normal number to it, where this gives NaN.
     """
     logits = logits.astype(jnp.float32)
     if temperature == 0:
@@ -154,8 +155,7 @@ class JaxGPT2Model:
 
     def reset(self):
         """Forget everything cached (start a new sequence)."""
-        self.cache = [(k.astype(COMPUTE_DTYPES[self.dtype]), v.astype(COMPUTE_DTYPES[self.dtype]))
-                      for k, v in gpt2.empty_cache(self.hparams, xp=jnp)]
+        self.cache = gpt2.empty_cache(self.hparams, xp=jnp, dtype=COMPUTE_DTYPES[self.dtype])
         self.cached_tokens = np.zeros(0, dtype=np.int64)
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab], float32 NumPy
@@ -166,7 +166,7 @@ class JaxGPT2Model:
         return np.asarray(rows)[offset:offset + n_last]
 
     def __call__(self, x):  # the seed's contract: probabilities for every position, [n_seq, n_vocab]
-        x = self._check_tokens(x)
+        x = self._check_tokens(x)  # first: an empty or 0-d x gets this message, not n_last's or a TypeError
         return gpt2.softmax(self.logits(x, n_last=len(x)))
 
     def draft(self, x, n_draft, uniforms, temperature=1.0, top_k=0, top_p=1.0):

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpt2 import softmax  # one softmax for the model and the sampler
+
 
 def is_integer(value):
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
@@ -73,11 +75,6 @@ FLOAT32_BELOW_ONE = 1 - 2**-24  # the largest float32 below 1
 
 
 # ---- logits -> probabilities -------------------------------------------------------------------
-
-
-def softmax(x):  # [..., n] -> [..., n]
-    exp_x = np.exp(x - x.max(axis=-1, keepdims=True))
-    return exp_x / exp_x.sum(axis=-1, keepdims=True)
 
 
 def one_hot(ids, n):  # [...] -> [..., n] float32
