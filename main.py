@@ -46,7 +46,7 @@ def main(prompt="The :mod:`json` module", n_tokens_to_generate=64, draft_model_s
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
-    generation, temperature 0 only). color: None colours on a terminal, True or False forces it.
+    generation, temperature 0 only; it adapts its own K from 5, as Hugging Face does, and ignores K). color: None colours on a terminal, True or False forces it.
     backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     Returns the result dict that --json prints.
     """
@@ -91,7 +91,7 @@ def main(prompt="The :mod:`json` module", n_tokens_to_generate=64, draft_model_s
 
 
 def parse_decoders(decoder):
-    names = decoder.split(",") if isinstance(decoder, str) else list(decoder)  # fire turns a,b into a tuple
+    names = decoder.split(",") if isinstance(decoder, str) else list(decoder)  # a list from Python callers
     names = [str(name).strip() for name in names if str(name).strip()]
     unknown = [name for name in names if name not in DECODERS]
     if unknown or not names:

@@ -393,8 +393,8 @@ def greedy_assisted_generation(x, draft_model, target_model, N, K=5, *, stats=No
 
     The draft proposes its K greedy tokens; the target scores them in one call and keeps the longest
     prefix that matches its own greedy choices, then adds its own next token. K adapts with Hugging
-    Face's schedule: it starts at 5, grows by 2 after a loop that accepted every draft and shrinks by
-    1 (never below 1) otherwise.
+    Face's schedule: it starts at K (5 by default, as there), grows by 2 after a loop that accepted
+    every draft and shrinks by 1 (never below 1) otherwise.
     """
     check_K(K)
     # draws from one-hot distributions do not depend on the uniform numbers: any generator will do

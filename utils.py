@@ -227,6 +227,12 @@ def param_leaves(n_layer):
     return leaves
 
 
+def leaf_at(params, path):  # the array at a param_leaves path of the nested params
+    for key in path:
+        params = params[key]
+    return params
+
+
 def openai_name(path):  # ("blocks", 0, "attn", "c_attn", "w") -> "model/h0/attn/c_attn/w"
     return "model/" + "/".join(f"h{part}" if isinstance(part, int) else part for part in path if part != "blocks")
 
@@ -283,9 +289,7 @@ def save_gpt2_checkpoint(params, hparams, model_dir, dtype=np.float32):
     os.makedirs(model_dir, exist_ok=True)
     tensors = {}
     for path, leaf in param_leaves(hparams["n_layer"]):
-        value = params
-        for key in path:
-            value = value[key]
+        value = leaf_at(params, path)
         stored_shape = (1, *value.shape) if leaf[-1] == "w" else value.shape  # OpenAI's conv1d: [1, n_in, n_out]
         tensors[openai_name(path)] = np.asarray(value, dtype).reshape(stored_shape)
     write_tf_checkpoint(os.path.join(model_dir, "model.ckpt"), tensors)

@@ -8,7 +8,7 @@ same run. Prints one JSON object as its last line.
     python bench/decode.py [--n_tokens 64] [--repeats 3] [--skip_hf]
 
 ms_per_token is the median of the individual decode steps (each: logits of the newest token from the cache,
-then argmax), over --repeats runs of --n_tokens steps after a prompt of --prompt_len tokens and one warm-up
+then argmax), over --repeats runs of --n_tokens - 1 steps after a prompt of --prompt_len tokens and one warm-up
 run; the mean is reported beside it. The machine may be shared: the load averages at the start and end say
 how busy it was. With two BLAS threads on two cores, one other busy process can make a step several times
 slower (a thread that is descheduled stalls the other), so compare only runs taken on an idle machine.
@@ -34,13 +34,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
+import utils  # noqa: E402
 
 HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n_tokens", type=int, default=64, help="decode steps timed per run")
+    parser.add_argument("--n_tokens", type=int, default=64, help="tokens generated per run (the first comes from the prompt's pass)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs (and 5x this many bandwidth and "
                                                                "verify-ratio repetitions)")
     parser.add_argument("--prompt_len", type=int, default=8, help="tokens in the random prompt")
@@ -50,7 +51,7 @@ def parse_args():
     if args.n_tokens < 1 or args.repeats < 1 or args.prompt_len < 1:
         parser.error("--n_tokens, --repeats and --prompt_len must be positive")
     if args.prompt_len + args.n_tokens + 5 > HPARAMS_124M["n_ctx"]:
-        parser.error(f"--prompt_len + --n_tokens must stay below {HPARAMS_124M['n_ctx'] - 5}")
+        parser.error(f"--prompt_len + --n_tokens must be at most {HPARAMS_124M['n_ctx'] - 5}")
     return args
 
 
@@ -165,15 +166,8 @@ def hf_model(params, hparams):
         vocab_size=hparams["n_vocab"], n_positions=hparams["n_ctx"], n_embd=hparams["n_embd"],
         n_head=hparams["n_head"], n_layer=hparams["n_layer"], activation_function="gelu_new",
         layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
-    state = {"transformer.wte.weight": params["wte"], "transformer.wpe.weight": params["wpe"],
-             "transformer.ln_f.weight": params["ln_f"]["g"], "transformer.ln_f.bias": params["ln_f"]["b"]}
-    for i, block in enumerate(params["blocks"]):
-        for ln in ("ln_1", "ln_2"):
-            state[f"transformer.h.{i}.{ln}.weight"] = block[ln]["g"]
-            state[f"transformer.h.{i}.{ln}.bias"] = block[ln]["b"]
-        for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
-            state[f"transformer.h.{i}.{group}.{layer}.weight"] = block[group][layer]["w"]
-            state[f"transformer.h.{i}.{group}.{layer}.bias"] = block[group][layer]["b"]
+    state = {"transformer." + utils.hf_name(path): utils.leaf_at(params, path)
+             for path, _ in utils.param_leaves(hparams["n_layer"])}
     model = transformers.GPT2LMHeadModel(config).eval()
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)

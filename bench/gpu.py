@@ -57,7 +57,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes: a smoke run on any device")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, among {', '.join(PARTS)}")
-    parser.add_argument("--n_tokens", type=int, default=64, help="decode steps timed per run")
+    parser.add_argument("--n_tokens", type=int, default=64, help="tokens generated per run (the first comes from the prompt's pass)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs (5x this many for ratios)")
     parser.add_argument("--prompt_len", type=int, default=8)
     parser.add_argument("--loops", type=int, default=20, help="speculative loops timed per K")

@@ -73,6 +73,8 @@ def parse_args():
         parser.error(str(error))
     if min(args.K) < 1 or args.n_tokens < 2 or args.prompt_len < 1 or args.repeats < 1:
         parser.error("--K values, --prompt_len and --repeats must be positive, --n_tokens at least 2")
+    if args.backend != "numpy" and not args.skip_uncached:
+        parser.error("the uncached way is measured with the numpy backend only (add --skip_uncached)")
     return args
 
 
@@ -127,8 +129,6 @@ def make_model(params_and_hparams, backend, use_cache):
     params, hparams = params_and_hparams
     if use_cache:
         return backends.make_model(params, hparams, backend)
-    if backend != "numpy":
-        raise SystemExit("error: the uncached way is measured with the numpy backend only (use --skip_uncached)")
     return gpt2.GPT2Model(params, hparams, use_cache=False)
 
 
@@ -140,7 +140,7 @@ def measure(draft, target, prompt, n_tokens, Ks, repeats):
 
     Each measurement is the fastest of `repeats` runs (the one least disturbed by other processes).
     """
-    def timed(decode):
+    def fastest(decode):
         runs = []
         for _ in range(repeats):
             draft.reset()
@@ -152,15 +152,15 @@ def measure(draft, target, prompt, n_tokens, Ks, repeats):
         seconds, tokens, stats = min(runs, key=lambda run: run[0])
         return tokens, seconds, stats
 
-    timed(lambda stats: sampling.speculative_sampling(prompt, draft, target, 4, 2, temperature=0))  # warm up
-    expected, ar_seconds, ar_stats = timed(
+    sampling.speculative_sampling(prompt, draft, target, 4, 2, temperature=0)  # warm up (fresh models)
+    expected, ar_seconds, _ = fastest(
         lambda stats: sampling.autoregressive_sampling(prompt, target, n_tokens, temperature=0, stats=stats))
     step_seconds = ar_seconds / n_tokens
     autoregressive = {"seconds": ar_seconds, "ms_per_token": 1000 * step_seconds}
     print(f"  autoregressive: {ar_seconds:.2f} s, {1000 * step_seconds:.1f} ms/token", file=sys.stderr)
     runs = []
     for K in Ks:
-        tokens, seconds, stats = timed(lambda stats: sampling.speculative_sampling(
+        tokens, seconds, stats = fastest(lambda stats: sampling.speculative_sampling(
             prompt, draft, target, n_tokens, K, np.random.default_rng(0), temperature=0, stats=stats))
         target_call = stats.target_seconds / stats.target_calls
         run = {"K": K, "seconds": seconds, "speedup": ar_seconds / seconds,

@@ -247,9 +247,7 @@ def test_save_gpt2_checkpoint_round_trip(tmp_path, dtype):
     saved = TFCheckpoint(model_dir / "model.ckpt")
     assert saved.shapes["model/h2/mlp/c_fc/w"] == (1, 8, 32) and saved.dtype_name("model/wte") == np.dtype(dtype).name
     for path, _ in utils.param_leaves(hparams["n_layer"]):
-        ours, theirs = loaded, params
-        for key in path:
-            ours, theirs = ours[key], theirs[key]
+        ours, theirs = utils.leaf_at(loaded, path), utils.leaf_at(params, path)
         np.testing.assert_array_equal(ours, theirs.astype(dtype).astype(np.float32))
         assert ours.dtype == np.float32
 
@@ -353,9 +351,7 @@ def test_safetensors_params_equal_the_torch_state_dict(hf_models, class_name, dt
     assert hparams == {"n_vocab": 260, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 2}
     n_compared = 0
     for path, _ in utils.param_leaves(hparams["n_layer"]):
-        ours = params
-        for key in path:
-            ours = ours[key]
+        ours = utils.leaf_at(params, path)
         assert ours.dtype == np.float32
         np.testing.assert_array_equal(ours, state[prefix + utils.hf_name(path)])
         n_compared += 1
