@@ -1,6 +1,7 @@
-"""The benchmarks still run and still measure what they claim, on tiny random models (their speed is never
-tested: bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
-bench/speculative.py runs end to end on a tiny random pair.
+"""The benchmarks still run and still measure what they claim, on tiny models (their speed is never tested:
+bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
+bench/speculative.py runs end to end on a tiny random pair, bench/pair.py on the bundled pair and the
+held-out sample, and bench/gpu.py in its --small mode on the CPU.
 """
 
 import importlib.util

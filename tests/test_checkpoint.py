@@ -321,7 +321,7 @@ def test_hparams_that_disagree_with_the_checkpoint(tmp_path):
 
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
-    """Random tiny transformers GPT-2s saved with save_pretrained: {(class, dtype): (folder, state dict)}."""
+    """Random tiny transformers GPT-2s saved with save_pretrained: {(class, dtype): (folder, state dict, model)}."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=260, n_positions=16, n_embd=8, n_layer=2, n_head=2,

@@ -8,15 +8,13 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-import gpt2
 import main
 import utils
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
-from test_exactness import perturbed
+from test_exactness import perturbed, scaled_params
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
 OTHER_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "n")]  # same size, another vocabulary
@@ -31,15 +29,6 @@ def write_vocabulary(model_dir, merges):
     (model_dir / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
 
 
-def random_params(hparams, seed, scale=10.0):
-    """A random GPT-2 whose blocks matter (weights scaled up), so greedy text varies."""
-    params = gpt2.init_params(hparams, np.random.default_rng(seed))
-    for block in params["blocks"]:
-        for layer in [*block["attn"].values(), *block["mlp"].values()]:
-            layer["w"] *= scale
-    return params
-
-
 def write_model(model_dir, hparams, params, merges=MERGES):
     """An OpenAI-style model folder: hparams.json, checkpoint, model.ckpt.*, encoder.json, vocab.bpe."""
     utils.save_gpt2_checkpoint(params, hparams, str(model_dir))
@@ -49,10 +38,10 @@ def write_model(model_dir, hparams, params, merges=MERGES):
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    target = random_params(TARGET, seed=0)
+    target = scaled_params(TARGET, seed=0)
     write_model(root / "target", TARGET, target)
     write_model(root / "draft", TARGET, perturbed(target, 0.05, seed=1))  # a draft that often agrees
-    write_model(root / "other-vocabulary", SMALL, random_params(SMALL, seed=2), merges=OTHER_MERGES)
+    write_model(root / "other-vocabulary", SMALL, scaled_params(SMALL, seed=2), merges=OTHER_MERGES)
     shutil.copytree(root / "target", root / "corrupt")
     data = root / "corrupt" / "model.ckpt.data-00000-of-00001"
     corrupted = bytearray(data.read_bytes())
@@ -104,13 +93,15 @@ def test_json_run_on_a_tiny_pair(models_dir):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_jax_backend_gives_the_numpy_backends_greedy_tokens(models_dir, dtype):
     args = [*PAIR, "--n_tokens_to_generate", "12", "--K", "3", "--temperature", "0", "--json"]
-    numpy_run = run_main(*args, models_dir=models_dir)
     jax_run = run_main(*args, "--backend", "jax", "--dtype", dtype, models_dir=models_dir)
-    assert numpy_run.returncode == 0 and jax_run.returncode == 0, jax_run.stderr
-    numpy_output, jax_output = (json.loads(run.stdout.strip().splitlines()[-1]) for run in (numpy_run, jax_run))
+    assert jax_run.returncode == 0, jax_run.stderr
+    jax_output = json.loads(jax_run.stdout.strip().splitlines()[-1])
     assert jax_output["backend"] == "jax" and jax_output["dtype"] == dtype
     assert jax_output["speculative"]["tokens"] == jax_output["autoregressive"]["tokens"]
     if dtype == "float32":  # bfloat16 rounds the logits: its greedy tokens may differ from float32's
+        numpy_run = run_main(*args, models_dir=models_dir)
+        assert numpy_run.returncode == 0, numpy_run.stderr
+        numpy_output = json.loads(numpy_run.stdout.strip().splitlines()[-1])
         assert jax_output["autoregressive"]["tokens"] == numpy_output["autoregressive"]["tokens"]
 
 

@@ -212,13 +212,17 @@ PROMPTS = [[1, 2, 3], [50], [7, 7, 7, 7, 80, 1]]
 N_GREEDY = 30
 
 
-def random_target():
-    """A random GPT-2 whose blocks matter: weights 10x GPT-2's init, so greedy text varies and has no ties."""
-    params = gpt2.init_params(HPARAMS, np.random.default_rng(0))
+def scaled_params(hparams, seed, scale=10.0):
+    """A random GPT-2 whose blocks matter (weights scale x GPT-2's init), so greedy text varies, without ties."""
+    params = gpt2.init_params(hparams, np.random.default_rng(seed))
     for block in params["blocks"]:
         for layer in [*block["attn"].values(), *block["mlp"].values()]:
-            layer["w"] *= 10
+            layer["w"] *= scale
     return params
+
+
+def random_target():
+    return scaled_params(HPARAMS, seed=0)
 
 
 def perturbed(params, noise, seed):

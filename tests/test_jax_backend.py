@@ -15,16 +15,12 @@ import backends
 import gpt2
 import sampling
 from conftest import REPO  # the repository root
-from test_gpt2 import CONFIGS, random_params  # the engine's random configurations, also for JAX
+from gpt2_cases import CONFIGS, full_logits, random_params  # the engine's random configurations
 
 jax = pytest.importorskip("jax")
 import gpt2_jax  # noqa: E402
 
 LONG = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)  # room for 20+ decode steps
-
-
-def reference_logits(tokens, params, hparams):
-    return gpt2.gpt2(np.asarray(tokens), **params, n_head=hparams["n_head"])
 
 
 def assert_close(actual, expected, rtol=1e-4):
@@ -47,7 +43,7 @@ class FixedUniform:
 def long_setup():
     params = random_params(LONG, seed=10)
     tokens = np.random.default_rng(11).integers(0, LONG["n_vocab"], size=LONG["n_ctx"])
-    return params, tokens, reference_logits(tokens, params, LONG)
+    return params, tokens, full_logits(tokens, params, LONG)
 
 
 # ------------------------------------------------------------------------------- parity with NumPy
@@ -58,7 +54,7 @@ def test_logits_match_numpy(index):
     hparams = CONFIGS[index]
     params = random_params(hparams, seed=index)
     tokens = np.random.default_rng(index).integers(0, hparams["n_vocab"], size=hparams["n_ctx"])
-    expected = reference_logits(tokens, params, hparams)
+    expected = full_logits(tokens, params, hparams)
     model = gpt2_jax.JaxGPT2Model(params, hparams)
 
     assert np.abs(expected).max() > 1.0
@@ -82,7 +78,7 @@ def test_blocks_of_any_length_and_rollback_match_numpy(long_setup):
     # speculative sampling's pattern: score drafts, then continue from a corrected, shorter sequence
     for keep in [12, 3, 0, 20]:
         corrected = np.concatenate([tokens[:keep], [(tokens[keep] + 1) % LONG["n_vocab"], 5, 7]])
-        reference = reference_logits(corrected, params, LONG)
+        reference = full_logits(corrected, params, LONG)
         assert_close(model.logits(corrected, n_last=3), reference[-3:])
         assert_close(model.logits(corrected[:-1]), reference[-2:-1])
     assert_close(model.logits(tokens[:28], n_last=8), expected[20:28])
@@ -268,7 +264,7 @@ def test_after_a_draft_the_cache_serves_the_drafted_sequence(long_setup):
     model = gpt2_jax.JaxGPT2Model(params, LONG)
     drafted, _ = model.draft(tokens[:6], 4, np.random.default_rng(4).random(4), temperature=1.0)
     x = np.concatenate([tokens[:6], drafted])
-    expected = reference_logits(x, params, LONG)
+    expected = full_logits(x, params, LONG)
     assert_close(model.logits(x, n_last=5), expected[-5:])
     assert_close(model.logits(x[:8], n_last=2), expected[6:8])
 
@@ -308,7 +304,7 @@ def test_greedy_tokens_are_the_same_on_both_backends():
 
 
 def test_make_model_builds_either_backend(long_setup):
-    params, tokens, expected = long_setup
+    params, _, _ = long_setup
     assert isinstance(backends.make_model(params, LONG), gpt2.GPT2Model)
     model = backends.make_model(params, LONG, backend="jax", dtype="bfloat16")
     assert isinstance(model, gpt2_jax.JaxGPT2Model) and model.dtype == "bfloat16"

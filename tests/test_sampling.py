@@ -220,9 +220,6 @@ class ConstantModel:
     def logits(self, x, n_last=1):
         return np.tile(self.log_probs, (n_last, 1))
 
-    def reset(self):
-        pass
-
 
 @pytest.mark.parametrize("K", [1, 4, 8])
 def test_acceptance_rate_estimates_alpha_whatever_K(K):
