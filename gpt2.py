@@ -57,7 +57,7 @@ def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
 
 
 def linear(x, w, b):  # [m, n_in] @ [n_in, n_out] + [n_out] -> [m, n_out]
-    return x @ w + b
+    return x @ w + b  # w: an array, or the same matrix as ColumnPanels (GPT2Model's fast layout)
 
 
 def ffn(x, c_fc, c_proj):  # [n_seq, n_embd] -> [n_seq, n_embd]
@@ -135,7 +135,7 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembeddin
     Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
     (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
     written into it; NumPy updates the buffers in place, JAX reads the updated list from gpt2_with_cache.
-    `unembedding`, optional, is wte.T stored contiguously (decode_layout): the same numbers, read faster.
+    `unembedding`, optional, is wte.T in another layout (ColumnPanels): the same numbers, read faster.
     """
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
     logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding)
@@ -214,41 +214,70 @@ def common_prefix_length(a, b):
     return int(mismatches[0]) if len(mismatches) else n
 
 
-def decode_layout(w):  # [n_in, n_out] -> the same matrix, maybe copied into the other memory order
-    """w in the memory order OpenBLAS reads fastest in a single-row product x[1, n_in] @ w.
+PANEL_WIDTH = 32  # columns per panel; why 32, measured, in ColumnPanels
 
-    A decode step is such products over every weight, so their read speed is its speed. Measured on our
-    CPU with one BLAS thread, the kit's default: wide and square matrices stream fastest row-major (c_attn,
-    c_fc and wte.T: 25-28 GB/s, against 17-20 column-major), tall ones column-major (the MLP's c_proj,
-    3072 x 768: 24 GB/s, against 20.5). A copy is made only where the order changes.
+
+class ColumnPanels:
+    """A weight matrix w [n_in, n_out] stored as contiguous column panels [n_out / 32, n_in, 32].
+
+    `x @ panels` gives x @ w (the same numbers), so `linear` reads the same with either. Why: OpenBLAS
+    copies ("packs") the whole right-hand matrix before a product of several rows, and a layer's weight
+    matrix does not fit in cache, so with a plain layout scoring m = 2 to 16 new tokens costs 3-4 times
+    one token: packing, not arithmetic. One np.matmul over a stack of panels packs each panel while it
+    is in cache. Measured on our CPU (OpenBLAS's Haswell kernels, one thread) over GPT-2 124M's weight
+    shapes, as multiples of a plain single-row step (bench/decode.py measures the whole model):
+
+        rows m          1     2     3     4     5     8
+        plain          1.00  2.5-2.7  2.8  2.5  2.9-3.1  3.1-3.5
+        panels of 16   0.93  0.89  1.26  1.37  1.58  1.69
+        panels of 32   0.96  0.75  0.96  0.97  1.15  1.17
+        panels of 64   1.09  0.70  0.92  0.75  0.96  1.59
+
+    Sixteen-wide panels cost more for every block, 64-wide ones are slow on one row and on eight (what
+    K = 7 scores); 32 is the best all round.
     """
-    n_in, n_out = w.shape
-    return np.asfortranarray(w) if n_in > n_out else np.ascontiguousarray(w)
+
+    __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__ instead of trying to convert us
+
+    def __init__(self, w, width=PANEL_WIDTH):  # [n_in, n_out]
+        n_in, self.n_out = w.shape
+        n_panels = -(-self.n_out // width)
+        padded = np.zeros((n_in, n_panels * width), w.dtype)  # zero columns fill the last panel
+        padded[:, :self.n_out] = w
+        self.panels = np.ascontiguousarray(padded.reshape(n_in, n_panels, width).transpose(1, 0, 2))
+        self.shape, self.dtype, self.nbytes = w.shape, self.panels.dtype, self.panels.nbytes
+
+    def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
+        m = len(x)
+        rows = np.zeros((rows_to_feed(m), x.shape[1]), x.dtype)  # zero rows pad the block, see rows_to_feed
+        rows[:m] = x
+        out = np.matmul(rows, self.panels)  # [n_panels, rows, width], each panel packed while it is in cache
+        return out[:, :m].transpose(1, 0, 2).reshape(m, -1)[:, :self.n_out]
 
 
-def in_decode_layout(params):
-    """params with every linear weight ("w") in decode_layout; unchanged arrays are shared, not copied."""
+def rows_to_feed(m):
+    """How many rows to multiply the panels with to get m: some counts cost less than fewer rows.
+
+    Over GPT-2 124M's panels on our CPU, m rows cost (in single-row steps, two runs of 15 repeats):
+
+        m      1     2     3     4     5     6     7     8     9    10    11    12
+        cost  1.00  0.94  1.19  1.28  1.54  1.11  1.46  1.49  1.72  1.72  2.51  2.30
+              1.00  1.02  1.32  1.39  1.70  1.21  1.61  1.64  1.74  1.79  2.63  2.41
+
+    One row goes through OpenBLAS's matrix-vector path, which reads panels slower than its matrix path
+    reads two rows; and six rows cost less than three, four or five. So one row is fed as two, three to
+    five as six (the blocks speculative sampling scores for K = 2 to 5); the padding's results are dropped.
+    """
+    return 2 if m == 1 else 6 if 3 <= m <= 5 else m
+
+
+def in_panels(params):
+    """params with every linear weight ("w") as ColumnPanels; the other arrays are shared, not copied."""
     if isinstance(params, list):
-        return [in_decode_layout(value) for value in params]
+        return [in_panels(value) for value in params]
     if isinstance(params, dict):
-        return {key: decode_layout(value) if key == "w" else in_decode_layout(value) for key, value in params.items()}
+        return {key: ColumnPanels(value) if key == "w" else in_panels(value) for key, value in params.items()}
     return params
-
-
-def padded_block(tokens, room):  # [n] -> [n, or n rounded up to a multiple of 4 (at most room)]
-    """A block of several new tokens, padded with token 0 to a multiple of 4 rows.
-
-    OpenBLAS multiplies rows four at a time and is slow on a remainder: on our CPU a cached GPT-2 124M
-    forward over 2, 3, 4, 5 and 8 new tokens cost 2.2, 2.9, 1.9, 2.7 and 2.4 single-token steps. The
-    padding's keys and values land in the cache after the sequence: no query of this call may attend to
-    them (they are in its future), and a later call attends only to positions it holds or has just
-    written over them, so they are never read. A single token stays
-    alone: one row takes OpenBLAS's faster vector path. (The JAX backend pads too, to powers of two, so
-    that it compiles one program per size.)
-    """
-    n = len(tokens)
-    n_padded = min(-(-n // 4) * 4, room) if n > 1 else n
-    return np.concatenate([tokens, np.zeros(n_padded - n, dtype=tokens.dtype)])
 
 
 class GPT2Model:
@@ -258,16 +287,19 @@ class GPT2Model:
     With `use_cache` it feeds only the tokens after the longest prefix of x it has cached, and
     first rolls the cache back to that prefix: speculative sampling's rejected drafts simply
     disappear the next time the model is called with the corrected sequence. Without a cache it
-    recomputes the whole sequence, like the seed reference.
+    recomputes the whole sequence, as jaymody/speculative-sampling does. `panels` (the default) multiplies
+    by the weights in ColumnPanels, which makes scoring several new tokens nearly as cheap as one; False
+    keeps the checkpoint's plain layout, for comparison.
     """
 
-    def __init__(self, params, hparams, use_cache=True):
+    def __init__(self, params, hparams, use_cache=True, panels=True):
         self.hparams, self.use_cache = hparams, use_cache
-        # the same numbers, laid out for decoding's single-row products. The copies this makes, wte.T and
-        # the MLPs' c_proj, add 54% to GPT-2 124M's weights in memory (37% to 1558M's); on a 24 ms 124M
-        # step they took off 2.6 ms and 0.3-1.1 ms (the second costs 1% on a 5-token verification)
-        self.params = in_decode_layout(params)
-        self.unembedding = decode_layout(params["wte"].T)  # the tied output projection, [n_embd, n_vocab]
+        self.params, self.unembedding = params, None  # the plain layout: the checkpoint's arrays as they are
+        if panels:  # the same numbers in column panels, built once (see ColumnPanels). For GPT-2 124M they
+            # take 1.31x the float32 weights: they replace the linear weights, wte stays for the embedding
+            # lookup, and wte.T is panelled too for the tied output projection
+            self.params = in_panels(params)
+            self.unembedding = ColumnPanels(params["wte"].T)  # [n_embd, n_vocab]
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 
@@ -285,11 +317,10 @@ class GPT2Model:
         if not self.use_cache:
             return gpt2(x, **self.params, n_head=self.hparams["n_head"], unembedding=self.unembedding)[-n_last:]
         start = min(common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
-        block = padded_block(x[start:], room=self.n_ctx - start)
-        logits = gpt2(block, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
-                      unembedding=self.unembedding)[:len(x) - start]  # the padding's logits are dropped
+        logits = gpt2(x[start:], **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
+                      unembedding=self.unembedding)
         self.cached_tokens = x
         return logits[-n_last:]
 
-    def __call__(self, x):  # the seed's contract: probabilities for every position, [n_seq, n_vocab]
+    def __call__(self, x):  # the simple contract of jaymody/speculative-sampling: probabilities for every position, [n_seq, n_vocab]
         return softmax(self.logits(x, n_last=len(x)))

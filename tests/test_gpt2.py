@@ -1,5 +1,5 @@
 """gpt2.py: forward parity with Hugging Face transformers, float32 throughout, the KV cache and its rollback,
-the context limit and the seed's model contract.
+the context limit and the simple model contract of jaymody/speculative-sampling.
 
 The reference is transformers' GPT2LMHeadModel on torch CPU in float32, built with random weights for several
 tiny shapes and converted to our nested layout by `hf_to_params` below.
@@ -243,17 +243,53 @@ def test_model_rolls_back_when_the_sequence_diverges(cache_setup, use_cache):
     np.testing.assert_allclose(model.logits(tokens, n_last=len(tokens)), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_blocks_of_several_tokens_are_padded_to_four_rows():
-    tokens = np.array([7, 8, 9, 10, 11], dtype=np.int64)
-    for n, room, expected in [(1, 9, 1), (2, 9, 4), (3, 9, 4), (4, 9, 4), (5, 9, 8), (5, 6, 6), (3, 3, 3)]:
-        block = gpt2.padded_block(tokens[:n], room)
-        assert len(block) == expected and block.dtype == np.int64
-        assert list(block[:n]) == list(tokens[:n]) and not block[n:].any()
+@pytest.mark.parametrize("n_out", [1, 31, 32, 33, 100])
+def test_column_panels_multiply_like_the_matrix(n_out):
+    rng = np.random.default_rng(n_out)
+    w = rng.standard_normal((24, n_out), dtype=np.float32)
+    panels = gpt2.ColumnPanels(w)
+    assert panels.panels.shape == (-(-n_out // 32), 24, 32) and panels.panels.flags.c_contiguous
+    assert panels.shape == w.shape and panels.dtype == np.float32
+    for m in range(1, 17):
+        x = rng.standard_normal((m, 24), dtype=np.float32)
+        product = x @ panels
+        assert product.shape == (m, n_out) and product.dtype == np.float32
+        np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gpt2.linear(x, panels, np.ones(n_out, np.float32)), x @ w + 1,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_rows_to_feed_never_drops_a_row():
+    assert [gpt2.rows_to_feed(m) for m in range(1, 9)] == [2, 2, 6, 6, 6, 6, 7, 8]
+    assert all(gpt2.rows_to_feed(m) >= m for m in range(1, 300))
+
+
+PANEL_HPARAMS = dict(n_vocab=70, n_ctx=40, n_embd=32, n_head=4, n_layer=2)
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_panels_give_the_plain_paths_logits_for_every_block_length(n):
+    """A block of n new tokens after a cached prefix, after a rollback, and ending at the end of the context."""
+    hparams = PANEL_HPARAMS
+    params = random_params(hparams, seed=n)
+    rng = np.random.default_rng(n)
+    tokens = rng.integers(0, hparams["n_vocab"], size=hparams["n_ctx"])
+    diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % hparams["n_vocab"]])  # differs from position 4 on
+    expected, expected_diverged = (full_logits(t, params, hparams) for t in (tokens, diverged))
+    model = gpt2.GPT2Model(params, hparams)
+    assert model.logits(tokens[:7]).dtype == np.float32  # 7 cached
+    np.testing.assert_allclose(model.logits(tokens[:7 + n], n_last=n), expected[7:7 + n], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model.logits(diverged[:4 + n], n_last=n), expected_diverged[4:4 + n],  # rolled back
+                               rtol=1e-5, atol=1e-5)
+    model.logits(tokens[:hparams["n_ctx"] - n])
+    np.testing.assert_allclose(model.logits(tokens, n_last=n), expected[-n:], rtol=1e-5, atol=1e-5)
+    plain = gpt2.GPT2Model(params, hparams, panels=False)
+    np.testing.assert_allclose(plain.logits(tokens, n_last=n), expected[-n:], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("lengths", [(13, 3), (12, 2, 2), (11, 5), (14, 1, 1)])
 def test_model_blocks_up_to_the_end_of_the_context(lengths):
-    """Padding must stop at n_ctx, and what it leaves in the cache must never be read."""
+    """Blocks that end at n_ctx, and rollbacks over positions the cache held before."""
     params = random_params(CACHE_HPARAMS, seed=3)
     tokens = np.random.default_rng(4).integers(0, CACHE_HPARAMS["n_vocab"], size=CACHE_HPARAMS["n_ctx"])
     expected = full_logits(tokens, params, CACHE_HPARAMS)
@@ -276,18 +312,23 @@ def test_model_accepts_lists(cache_setup):
     np.testing.assert_allclose(model.logits(tokens.tolist(), n_last=2), expected[-2:], rtol=1e-5, atol=1e-5)
 
 
-def test_decode_layout_keeps_the_numbers_and_the_callers_params(cache_setup):
+def test_panels_keep_the_numbers_and_the_callers_params(cache_setup):
     params, _, _ = cache_setup
     model = gpt2.GPT2Model(params, CACHE_HPARAMS)
     for block, laid_out in zip(params["blocks"], model.params["blocks"]):
         for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
             w, fast = block[group][layer]["w"], laid_out[group][layer]["w"]
+            assert isinstance(fast, gpt2.ColumnPanels) and fast.dtype == np.float32
             n_in, n_out = w.shape
-            assert fast.flags.f_contiguous if n_in > n_out else fast.flags.c_contiguous
-            assert fast.dtype == np.float32 and np.array_equal(fast, w)
-            assert w.flags.c_contiguous  # the caller's arrays are not reordered in place
+            unstacked = fast.panels.transpose(1, 0, 2).reshape(n_in, -1)
+            assert np.array_equal(unstacked[:, :n_out], w) and not unstacked[:, n_out:].any()
+            assert isinstance(w, np.ndarray) and w.flags.c_contiguous  # the caller's arrays are left as they were
             assert laid_out[group][layer]["b"] is block[group][layer]["b"]  # unchanged arrays are shared
-    assert model.unembedding.flags.c_contiguous and np.array_equal(model.unembedding, params["wte"].T)
+    assert model.params["wte"] is params["wte"]
+    unembedding = model.unembedding.panels.transpose(1, 0, 2).reshape(CACHE_HPARAMS["n_embd"], -1)
+    assert np.array_equal(unembedding[:, :CACHE_HPARAMS["n_vocab"]], params["wte"].T)
+    plain = gpt2.GPT2Model(params, CACHE_HPARAMS, panels=False)
+    assert plain.params is params and plain.unembedding is None
 
 
 # ------------------------------------------------------------------------------------------ context limit
