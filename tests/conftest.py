@@ -9,7 +9,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GPT2_VOCAB_DIR = Path(os.environ.get("GPT2_VOCAB_DIR", REPO.parent / "shared" / "gpt2-vocab"))
+# OpenAI's GPT-2 vocabulary, committed with its licence: the tests need nothing outside the repository
+GPT2_VOCAB_DIR = REPO / "tests" / "fixtures" / "gpt2-vocab"
 
 
 @pytest.hookimpl(hookwrapper=True)

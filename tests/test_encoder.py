@@ -9,15 +9,15 @@ import pytest
 import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
-from conftest import GPT2_VOCAB_DIR
+from conftest import GPT2_VOCAB_DIR, REPO
 
 import encoder as bpe_encoder
 
 # GPT-2's pre-tokenizer as released by OpenAI (encoder.py), written out here so a change to
 # encoder.PRETOKENIZE_PATTERN cannot silently change the reference too.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-# The hashes tiktoken itself checks for its "gpt2" encoding (GUIDE section 6): parity is against
-# OpenAI's real vocabulary, not a stand-in.
+# The hashes tiktoken itself checks for its "gpt2" encoding: parity is against OpenAI's real
+# vocabulary (committed in tests/fixtures/gpt2-vocab), not a stand-in.
 VOCAB_SHA256 = {
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
@@ -82,7 +82,9 @@ def random_unicode_text(rng, length):
     return "".join(rng.choice(pools)() for _ in range(length))
 
 
-def test_vocab_files_are_openais(ours):
+def test_vocab_files_are_openais_and_inside_the_repository(ours):
+    assert GPT2_VOCAB_DIR.resolve().is_relative_to(REPO)
+    assert "Modified MIT License" in (GPT2_VOCAB_DIR / "LICENSE").read_text(encoding="utf-8")
     for name, expected in VOCAB_SHA256.items():
         assert hashlib.sha256((GPT2_VOCAB_DIR / name).read_bytes()).hexdigest() == expected
     assert ours.n_vocab == 50257
