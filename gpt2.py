@@ -26,6 +26,8 @@ MASKED = -1e10  # added to the attention scores of positions a query may not see
 
 def array_module(x):
     """numpy for NumPy arrays, jax.numpy for JAX arrays and tracers."""
+    if isinstance(x, np.ndarray):  # the common case first: this runs a hundred times a decode step
+        return np
     if type(x).__module__.startswith("jax"):
         import jax.numpy as jnp
 
@@ -71,6 +73,8 @@ def causal_mask(start, n_new, n_keys, xp):  # -> [n_new, n_keys]
     Keys past the last written position (a static-size JAX cache, or entries left by rolled-back
     drafts) are in every query's future, so they are masked too.
     """
+    if xp is np and n_keys <= start + 1:  # every key is at or before the first query: nothing to hide
+        return 0.0  # (a decode step's case; JAX's static-size cache always has keys to hide)
     query_positions = start + xp.arange(n_new)[:, None]
     key_positions = xp.arange(n_keys)[None, :]
     return xp.where(key_positions > query_positions, MASKED, 0.0).astype(xp.float32)

@@ -41,7 +41,10 @@ def test_decode_bench_times_the_same_greedy_tokens_as_transformers():
     assert len(step_seconds) == len(hf_step_seconds) == 11  # decode steps only: the prompt is not timed
     assert min(step_seconds) > 0 and min(hf_step_seconds) > 0
 
-    assert decode.verify_ratio(model, prompt + tokens, repeats=3) > 0
+    plain = gpt2.GPT2Model(params, TINY, panels=False)
+    costs = decode.verify_costs({"panels": model, "plain": plain}, prompt + tokens, repeats=3, block_lengths=[2, 5])
+    assert set(costs) == {"panels", "plain"} and all(sorted(curve) == [1, 2, 5] for curve in costs.values())
+    assert costs["panels"][1] == costs["plain"][1] == 1.0 and min(costs["panels"].values()) > 0
 
 
 def gpt2_parameter_count(n_vocab, n_ctx, n_embd, n_layer, **_):
@@ -54,6 +57,12 @@ def test_decode_bench_counts_every_weight_once():
     assert gpt2_parameter_count(**decode.HPARAMS_124M) == 124_439_808  # GPT-2 "124M"
     params = gpt2.init_params(TINY, np.random.default_rng(0))
     assert decode.params_nbytes(params) == 4 * gpt2_parameter_count(**TINY)
+    assert decode.model_nbytes(gpt2.GPT2Model(params, TINY, panels=False)) == 4 * gpt2_parameter_count(**TINY)
+    # panels: every linear weight is copied into panels (n_out padded to a multiple of 32), and so is wte.T
+    panelled = decode.model_nbytes(gpt2.GPT2Model(params, TINY))
+    n_embd, n_layer, n_vocab = TINY["n_embd"], TINY["n_layer"], TINY["n_vocab"]
+    vocab_panels = -(-n_vocab // 32) * 32 * n_embd
+    assert panelled == 4 * (gpt2_parameter_count(**TINY) + vocab_panels)  # TINY's other widths are multiples of 32
 
 
 def test_decode_bench_reads_bandwidth_in_weight_bytes_per_second():
@@ -61,7 +70,10 @@ def test_decode_bench_reads_bandwidth_in_weight_bytes_per_second():
     bandwidth = decode.ReadBandwidth(np.random.default_rng(0), k=512, n=256)
     bandwidth.measure(3)
     bandwidth.measure(2)
-    assert len(bandwidth.samples) == 5 and bandwidth.best_gbps() == max(bandwidth.samples) > 0
+    assert {name: len(samples) for name, samples in bandwidth.samples.items()} == {"plain": 6, "panels": 6}
+    best = bandwidth.best_by_layout()  # the warm-up sample is left out
+    assert best == {name: round(max(samples[1:]), 2) for name, samples in bandwidth.samples.items()}
+    assert bandwidth.best_gbps() == max(max(samples[1:]) for samples in bandwidth.samples.values()) > 0
 
 
 def test_speculative_bench_reproduces_the_autoregressive_tokens():
