@@ -10,7 +10,8 @@ of that pair.
 
 Two ways of decoding, each timed for autoregressive decoding and for speculative sampling at every K:
 - cached, the project's way: both models keep KV caches, the target scores all K + 1 positions in one call;
-- uncached, the seed reference's way: both models recompute the whole sequence on every call.
+- uncached, as jaymody/speculative-sampling (on picoGPT) decodes: both models recompute the whole sequence
+  on every call.
 Every speculative run must reproduce the autoregressive tokens exactly (greedy), which is checked.
 
     python bench/speculative.py [--n_tokens 64] [--K 1,2,3,4,5,6,7,8] [--skip_uncached]
@@ -18,8 +19,9 @@ Every speculative run must reproduce the autoregressive tokens exactly (greedy),
 
 The expected speedup is Leviathan et al.'s formula, sampling.expected_speedup(a, c, K), with a the run's
 acceptance rate and c its mean draft call time over its mean target call time. verify_cost says what a
-target call costs in autoregressive decode steps (1 in the paper's model; 1.6-2.6 for the bundled
-pair on our 2-core CPU, where a multi-row matmul is compute-bound). Prints one JSON object as its last line.
+target call costs in autoregressive decode steps (1 in the paper's model; with the plain weight layout
+1.6-2.6 for the bundled pair on our 2-core CPU, where OpenBLAS packs each weight matrix before a several-row
+product; gpt2.ColumnPanels, the default, avoids that). Prints one JSON object as its last line.
 """
 
 import os
@@ -60,7 +62,7 @@ def parse_args():
     parser.add_argument("--prompt", default=PROMPT, help="named pair: the prompt's text")
     parser.add_argument("--K", default="1,2,3,4,5,6,7,8", help="comma-separated draft lengths")
     parser.add_argument("--repeats", type=int, default=1, help="runs per measurement; the fastest counts")
-    parser.add_argument("--skip_uncached", action="store_true", help="skip the seed reference's uncached way")
+    parser.add_argument("--skip_uncached", action="store_true", help="skip the uncached way (whole-sequence recompute)")
     parser.add_argument("--backend", default="numpy", choices=backends.BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

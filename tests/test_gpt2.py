@@ -359,7 +359,7 @@ def test_positions_beyond_the_context_raise():
             model.logits(tokens)
 
 
-# -------------------------------------------------------------------------------------- the seed contract
+# --------------------------------------- the simple contract of jaymody/speculative-sampling: model(x) -> probs
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
