@@ -1,19 +1,23 @@
-"""Build the training corpus of the bundled teaching pair from offline, openly licensed text.
+"""Build the training corpus of the bundled teaching pair from openly licensed text and code.
 
-Two sources, both on every machine of this project and both under the PSF licence:
+Three sources, all from package registries:
 
 - the reST sources of the Python documentation, installed by Debian's python3.11-doc
-  (/usr/share/doc/python3.11/html/_sources/**/*.txt, about 11 MB of English with code examples);
+  (/usr/share/doc/python3.11/html/_sources/**/*.txt, about 11 MB of English with code examples; PSF);
 - the running interpreter's standard library (*.py), without its tests and a few directories
-  that are not hand-written code or duplicate the documentation (EXCLUDED_STDLIB_DIRS).
+  that are not hand-written code or duplicate the documentation (EXCLUDED_STDLIB_DIRS; PSF);
+- the .py files, tests left out, of well-known MIT, BSD and Apache-2.0 projects from the Python Package
+  Index, each pinned to one archive by its sha256 (tools/corpus_packages.py: PINNED; about 67 MB). The
+  archives are downloaded once into --download_dir with `pip download --no-deps`; later builds are offline.
 
 Each file is one document. Documents are joined with '<|endoftext|>', which the trainer maps to the
 eot token (encoder.encode(text, allow_eot=True)). About one document in 50, picked by a hash of its
 name, goes to heldout.txt; the rest to train.txt. Everything is sorted, so the same sources give
 byte-identical files, and manifest.json records what was used (packages, versions, file lists,
-sha256 of each output) so anyone can rebuild the pair.
+sha256 of each output and of each package archive, each package's licence) so anyone can rebuild the pair.
 
     python tools/build_corpus.py [--out_dir build/corpus] [--max_stdlib_bytes 8000000]
+    python tools/build_corpus.py --packages none      # the documentation and standard library only
 """
 
 import argparse
@@ -28,10 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: find encoder.py
 from encoder import EOT  # noqa: E402
 from tf_checkpoint import write_atomically  # noqa: E402
+from tools import corpus_packages  # noqa: E402
 
 DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 OUT_DIR = REPO / "build" / "corpus"
+DOWNLOAD_DIR = REPO / "build" / "downloads"
 # The docs are ~11 MB; 8 MB of library code brings the corpus to ~19 MB, in the 15-25 MB range that
 # a small pair can learn from in a CPU training budget. The docs hold many code examples already,
 # so this keeps the mix close to half prose, half code, with English the larger part because the
@@ -70,10 +76,15 @@ def find_stdlib(stdlib_dir):
 
 def read_documents(named_paths, skipped):
     """[(name, text)]; files that are not UTF-8 or contain the separator go to `skipped` instead."""
+    return decode_documents(((name, path.read_bytes()) for name, path in named_paths), skipped)
+
+
+def decode_documents(named_bytes, skipped):
+    """[(name, text)] from [(name, bytes)], skipping (into `skipped`) what read_documents skips."""
     documents = []
-    for name, path in named_paths:
+    for name, data in named_bytes:
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             skipped.append({"name": name, "reason": "not UTF-8"})
             continue
@@ -113,10 +124,30 @@ def output_record(data, documents):
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "documents": len(documents)}
 
 
+def read_packages(packages, download_dir, download, skipped):
+    """([manifest record], [(name, text)] sorted) for the pinned packages, downloading missing archives."""
+    records, documents = [], []
+    for package in packages:
+        archive = corpus_packages.fetch_archive(package, download_dir, download)
+        record, sources = corpus_packages.read_package(package, archive)
+        package_documents = decode_documents(sources, skipped)
+        record.update(files=len(package_documents), bytes=source_bytes(package_documents))
+        records.append(record)
+        documents += package_documents
+    return records, sorted(documents)
+
+
+def source_bytes(documents):
+    return sum(len(text.encode("utf-8")) for _, text in documents)
+
+
 def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_stdlib_bytes=MAX_STDLIB_BYTES,
-                 heldout_every=HELDOUT_EVERY):
-    """Write train.txt, heldout.txt and manifest.json into out_dir; return the manifest."""
-    out_dir, docs_dir, stdlib_dir = Path(out_dir), Path(docs_dir), Path(stdlib_dir)
+                 heldout_every=HELDOUT_EVERY, packages=(), download_dir=DOWNLOAD_DIR,
+                 download=corpus_packages.pip_download):
+    """Write train.txt, heldout.txt and manifest.json into out_dir; return the manifest.
+
+    packages: corpus_packages.Package pins whose Python sources join the corpus (none by default)."""
+    out_dir, docs_dir, stdlib_dir, download_dir = Path(out_dir), Path(docs_dir), Path(stdlib_dir), Path(download_dir)
     for label, directory in [("docs_dir", docs_dir), ("stdlib_dir", stdlib_dir)]:
         if not directory.is_dir():
             raise ValueError(f"{label} {directory} is not a directory")
@@ -127,7 +158,8 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
     docs = read_documents(find_docs(docs_dir), skipped)
     stdlib_all = read_documents(find_stdlib(stdlib_dir), skipped)
     stdlib = cap_bytes(stdlib_all, max_stdlib_bytes)
-    documents = docs + stdlib  # already sorted: "docs/..." < "stdlib/..."
+    package_records, package_documents = read_packages(packages, download_dir, download, skipped)
+    documents = docs + package_documents + stdlib  # already sorted: "docs/..." < "pypi/..." < "stdlib/..."
     if not documents:
         raise ValueError(f"no documents found under {docs_dir} or {stdlib_dir}")
 
@@ -142,9 +174,6 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
         write_atomically(out_dir / f"{split}.txt", data)
         outputs[f"{split}.txt"] = output_record(data, split_documents)
 
-    def source_bytes(docs_):
-        return sum(len(text.encode("utf-8")) for _, text in docs_)
-
     manifest = {
         "description": "Training corpus of the bundled teaching pair, built by tools/build_corpus.py",
         "sources": [
@@ -153,7 +182,10 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
             {"name": "python-stdlib", "path": str(stdlib_dir), "python": sys.version,
              "excluded_dirs": list(EXCLUDED_STDLIB_DIRS), "files_available": len(stdlib_all),
              "files": len(stdlib), "bytes": source_bytes(stdlib), "max_bytes": max_stdlib_bytes, "licence": LICENCE},
-        ],
+        ] + [{"name": f"pypi-{record['package']}", **record} for record in package_records],
+        "excluded_packages": list(corpus_packages.EXCLUDED_PACKAGES),
+        "package_test_rule": f"directories {list(corpus_packages.TEST_DIRS)}, "
+                             f"files {corpus_packages.TEST_FILE.pattern}",
         "separator": EOT,
         "heldout_rule": f"sha256('heldout:' + name) % {heldout_every} == 0",
         "outputs": outputs,
@@ -165,6 +197,19 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
     return manifest
 
 
+def chosen_packages(spec):
+    """'pinned' (all of PINNED), 'none', or comma-separated names from PINNED."""
+    if spec == "pinned":
+        return list(corpus_packages.PINNED)
+    if spec == "none":
+        return []
+    by_name = {package.name: package for package in corpus_packages.PINNED}
+    unknown = [name for name in spec.split(",") if name not in by_name]
+    if unknown:
+        raise ValueError(f"not pinned in tools/corpus_packages.py: {', '.join(unknown)}")
+    return [by_name[name] for name in spec.split(",")]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out_dir", type=Path, default=OUT_DIR)
@@ -172,11 +217,15 @@ def main(argv=None):
     parser.add_argument("--stdlib_dir", type=Path, default=STDLIB_DIR)
     parser.add_argument("--max_stdlib_bytes", type=int, default=MAX_STDLIB_BYTES)
     parser.add_argument("--heldout_every", type=int, default=HELDOUT_EVERY)
+    parser.add_argument("--packages", default="pinned", help="'pinned' (all), 'none', or names from the pinned list")
+    parser.add_argument("--download_dir", type=Path, default=DOWNLOAD_DIR, help="where package archives are kept")
     args = parser.parse_args(argv)
     try:
-        manifest = build_corpus(**vars(args))
-    except (ValueError, OSError) as error:
+        manifest = build_corpus(**{**vars(args), "packages": chosen_packages(args.packages)})
+    except (ValueError, OSError, subprocess.CalledProcessError) as error:
         sys.exit(f"build_corpus: error: {error}")
+    for source in manifest["sources"]:
+        print(f"{source['name']}: {source['files']} files, {source['bytes']:,} bytes ({source['licence']})")
     for name, record in manifest["outputs"].items():
         print(f"{args.out_dir / name}: {record['documents']} documents, {record['bytes']:,} bytes")
 

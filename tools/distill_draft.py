@@ -54,11 +54,12 @@ def make_distill_step(target_heads, draft_heads):
 
 def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096", steps=150, n_layer=2,
          batch_size=16, lr=1e-3, warmup=10, seed=1, eval_every=50, target_name="teach-target",
-         draft_name="teach-draft"):
+         draft_name="teach-draft", tokens=None):
+    """Grow the draft to n_layer blocks and distil it for `steps` steps of batch_size windows of the target's n_ctx.
+    tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's)."""
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
     encoder = get_encoder_from_dir(bpe_dir)
-    train = train_pair.load_tokens(corpus_dir / "train.txt", encoder, bpe_dir / "train_tokens.npy")
-    held_out = train_pair.load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy")
+    train, held_out = train_pair.load_splits(corpus_dir, bpe_dir, encoder, tokens)
     _, target_hparams, target_params = utils.load_encoder_hparams_and_params(target_name, models_dir)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(draft_name, models_dir)
     rng = np.random.default_rng(seed)
@@ -72,7 +73,8 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     log_path = models_dir / "training_log.json"
     log = json.loads(log_path.read_text())
     stage = {"recipe": {"steps": steps, "n_layer": n_layer, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
-                        "warmup": warmup, "seed": seed, "draft_hparams": draft_hparams}, "evals": []}
+                        "warmup": warmup, "seed": seed, "draft_hparams": draft_hparams,
+                        "tokens": str(tokens) if tokens else None}, "evals": []}
     log["draft_distillation"] = stage
     stage["evals"].append({"step": 0, **train_pair.held_out_metrics(evaluate, params, held_out, seq_len)})
     print("held-out", json.dumps(stage["evals"][-1]), flush=True)

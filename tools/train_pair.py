@@ -9,6 +9,8 @@ as OpenAI's GPT-2.
 
     python tools/build_corpus.py && python tools/train_bpe.py        # corpus and vocabulary in build/
     python tools/train_pair.py --steps 1500                          # about an hour on 2 CPU cores
+    python tools/train_pair.py --tokens build/pack/tokens.npz --bpe_dir build/pack ...   # a packed corpus
+                                                                     # (tools/pack_corpus.py), no text needed
 
 The recipe scales: raise --steps, --batch_size and the shapes on an accelerator.
 """
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
 from tf_checkpoint import write_atomically  # noqa: E402
+from tools.pack_corpus import load_packed_tokens  # noqa: E402
 from utils import save_gpt2_checkpoint  # noqa: E402
 
 def load_tokens(corpus_file, encoder, cache_file):
@@ -41,6 +44,15 @@ def load_tokens(corpus_file, encoder, cache_file):
     tokens = np.asarray(ids, dtype=np.uint16)
     np.save(cache_file, tokens)
     return tokens
+
+
+def load_splits(corpus_dir, bpe_dir, encoder, tokens=None):
+    """(train, held-out) token arrays: from a tools/pack_corpus.py file when `tokens` names one, else
+    encoded from the corpus text (and cached beside the vocabulary)."""
+    if tokens:
+        return load_packed_tokens(tokens, bpe_dir)
+    return (load_tokens(corpus_dir / "train.txt", encoder, bpe_dir / "train_tokens.npy"),
+            load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy"))
 
 
 def batches(tokens, batch_size, seq_len, rng):
@@ -157,12 +169,13 @@ def write_pair(out_dir, params, hparams, bpe_dir, names, log):
 
 def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", steps=1500, batch_size=16,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250,
-         target_shape=(256, 12, 8), draft_shape=(128, 1, 4), target_name="teach-target", draft_name="teach-draft"):
-    """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head)."""
+         target_shape=(256, 12, 8), draft_shape=(128, 1, 4), target_name="teach-target", draft_name="teach-draft",
+         tokens=None):
+    """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head); n_ctx is seq_len.
+    tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's)."""
     corpus_dir, bpe_dir, out_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir)
     encoder = get_encoder_from_dir(bpe_dir)
-    train = load_tokens(corpus_dir / "train.txt", encoder, bpe_dir / "train_tokens.npy")
-    held_out = load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy")
+    train, held_out = load_splits(corpus_dir, bpe_dir, encoder, tokens)
     print(f"train tokens {len(train):,}, held-out tokens {len(held_out):,}, vocabulary {encoder.n_vocab}", flush=True)
 
     def hparams_for(shape):
@@ -178,7 +191,8 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
     evaluate = make_evaluate(hparams["target"]["n_head"], hparams["draft"]["n_head"])
 
     log = {"recipe": {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
-                      "seed": seed, "hparams": hparams, "jax": jax.__version__,
+                      "seed": seed, "hparams": hparams, "tokens": str(tokens) if tokens else None,
+                      "jax": jax.__version__,
                       "device": str(jax.devices()[0].device_kind)}, "evals": [],
            "train_tokens": int(len(train)), "held_out_tokens": int(len(held_out))}
     started = time.perf_counter()

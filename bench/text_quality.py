@@ -1,0 +1,137 @@
+"""How well the bundled target writes: bits per byte and distinct 4-grams of its greedy continuations.
+
+- Bits per byte, comparable across vocabularies: the total negative log-likelihood in nats of every token
+  of the scored documents, / ln 2, / the documents' UTF-8 bytes. Each document is scored on its own,
+  from <|endoftext|> (so its first token is predicted too), in consecutive windows of n_ctx tokens
+  (gpt2.perplexity). Two sets: the held-out documents of the corpus (each cut to its first --doc_chars
+  characters), and Python source outside the corpus: NumPy's own modules (tests left out), which
+  tools/build_corpus.py never takes.
+- Distinct 4-grams: --n_prompts prompts of --prompt_tokens tokens, spread evenly over the held-out text
+  (as bench/pair.py picks them), each continued greedily (temperature 0) for --n_tokens tokens. For each
+  continuation, distinct 4-grams / all 4-grams; `distinct_4grams` is their mean, `distinct_4grams_pooled`
+  counts over all continuations together. Loops score low: a 4-token loop gives 4 distinct of 93.
+
+    python bench/text_quality.py                     # the committed pair, held-out text from build/corpus
+    python bench/text_quality.py --heldout tests/fixtures/heldout_sample.txt --n_prompts 2
+
+Prints one JSON object as its last line.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/pair.py: one BLAS thread on a shared machine
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpt2  # noqa: E402
+import sampling  # noqa: E402
+import utils  # noqa: E402
+from encoder import EOT  # noqa: E402
+
+
+def total_nats(tokens, params, hparams):
+    """Negative log-likelihood in nats of tokens[1:] given what precedes them, summed (gpt2.perplexity's windows)."""
+    return math.log(gpt2.perplexity(tokens, params, hparams)) * (len(tokens) - 1)
+
+
+def bits_per_byte(documents, encoder, params, hparams):
+    """(bits per UTF-8 byte, bytes scored, tokens scored) over documents, each predicted from <|endoftext|>."""
+    nats = n_bytes = n_tokens = 0
+    for text in documents:
+        tokens = [encoder.eot_token] + encoder.encode(text)
+        nats += total_nats(tokens, params, hparams)
+        n_bytes += len(text.encode("utf-8"))
+        n_tokens += len(tokens) - 1
+    return nats / math.log(2) / n_bytes, n_bytes, n_tokens
+
+
+def distinct_ngrams(tokens, n=4):
+    """(distinct n-grams, all n-grams) of a token sequence."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)), len(grams)
+
+
+def heldout_documents(path, doc_chars):
+    """The documents of a held-out corpus file, each cut to its first doc_chars characters."""
+    return [document[:doc_chars] for document in Path(path).read_text(encoding="utf-8").split(EOT) if document.strip()]
+
+
+def numpy_sources(n_files, doc_chars):
+    """n_files of NumPy's own .py modules (tests left out), spread over them in name order, cut to doc_chars."""
+    root = Path(np.__file__).parent
+    paths = sorted(p for p in root.rglob("*.py") if not {"tests", "testing"} & set(p.relative_to(root).parts[:-1])
+                   and p.stat().st_size > 1000)
+    chosen = [paths[i * len(paths) // n_files] for i in range(min(n_files, len(paths)))]
+    texts = [p.read_text(encoding="utf-8")[:doc_chars] for p in chosen]
+    return texts, [p.relative_to(root.parent).as_posix() for p in chosen]
+
+
+def greedy_continuations(model, prompts, n_tokens):
+    continuations = []
+    for prompt in prompts:
+        model.reset()
+        out = sampling.autoregressive_sampling(prompt, model, n_tokens, temperature=0, rng=np.random.default_rng(0))
+        continuations.append(out[len(prompt):].tolist())
+    return continuations
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models_dir", default="models")
+    parser.add_argument("--target", default="teach-target")
+    parser.add_argument("--draft", default="teach-draft", help="scored too, for comparison ('' to skip)")
+    parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
+    parser.add_argument("--doc_chars", type=int, default=2000, help="characters scored per document")
+    parser.add_argument("--numpy_files", type=int, default=40, help="NumPy modules scored as unseen Python (0: none)")
+    parser.add_argument("--n_prompts", type=int, default=8)
+    parser.add_argument("--prompt_tokens", type=int, default=32)
+    parser.add_argument("--n_tokens", type=int, default=96, help="greedy tokens per prompt")
+    parser.add_argument("--samples", type=int, default=3, help="continuations printed as text in the result")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.perf_counter()
+    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    models = {"target": (hparams, params)}
+    if args.draft:
+        models["draft"] = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)[1:]
+    documents = heldout_documents(args.heldout, args.doc_chars)
+    result = {"target": args.target, "draft": args.draft or None, "heldout": args.heldout,
+              "heldout_documents": len(documents), "doc_chars": args.doc_chars}
+    for role, (role_hparams, role_params) in models.items():
+        bpb, n_bytes, n_tokens = bits_per_byte(documents, encoder, role_params, role_hparams)
+        result.update({f"{role}_bits_per_byte": bpb, "heldout_bytes": n_bytes, "heldout_tokens": n_tokens})
+    if args.numpy_files:
+        sources, names = numpy_sources(args.numpy_files, args.doc_chars)
+        bpb, n_bytes, _ = bits_per_byte(sources, encoder, params, hparams)
+        result.update(target_bits_per_byte_numpy=bpb, numpy_bytes=n_bytes, numpy_version=np.__version__,
+                      numpy_files=names)
+
+    text = Path(args.heldout).read_text(encoding="utf-8").replace(EOT, "\n")
+    tokens = np.asarray(encoder.encode(text))
+    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
+    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
+    continuations = greedy_continuations(gpt2.GPT2Model(params, hparams), prompts, args.n_tokens)
+    counts = [distinct_ngrams(c) for c in continuations]
+    pooled = [tuple(c[i:i + 4]) for c in continuations for i in range(len(c) - 3)]
+    result.update(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens, n_tokens=args.n_tokens,
+                  distinct_4grams=float(np.mean([d / t for d, t in counts])),
+                  distinct_4grams_pooled=len(set(pooled)) / len(pooled),
+                  samples=[{"prompt": encoder.decode(p.tolist()), "continuation": encoder.decode(c)}
+                           for p, c in list(zip(prompts, continuations))[:args.samples]],
+                  seconds=time.perf_counter() - started)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""tools/pack_corpus.py encodes the corpus exactly as the trainer does, and tools/train_pair.py and
+tools/distill_draft.py train from the packed tokens alone (tiny shapes, a few steps, on the CPU)."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import utils
+from conftest import REPO
+from encoder import EOT, get_encoder_from_dir
+from tools import pack_corpus
+
+VOCABULARY = REPO / "models" / "teach-target"  # the bundled pair's 4096-token vocabulary
+HELD_OUT = REPO / "tests" / "fixtures" / "heldout_sample.txt"
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A corpus of two splits packed with the bundled vocabulary: (corpus_dir, pack_dir, record)."""
+    root = tmp_path_factory.mktemp("pack")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    sample = HELD_OUT.read_text(encoding="utf-8")
+    (corpus / "train.txt").write_text(sample + EOT + "def f(x):\n    return x * 2\n", encoding="utf-8")
+    (corpus / "heldout.txt").write_text(sample[:3000] + EOT + "caf\u00e9 \u2713\n", encoding="utf-8")
+    record = pack_corpus.pack_corpus(corpus, VOCABULARY, root / "pack")
+    return corpus, root / "pack", record
+
+
+def test_packed_tokens_are_the_trainers_encoding(packed):
+    corpus, pack_dir, record = packed
+    encoder = get_encoder_from_dir(VOCABULARY)
+    train, heldout = pack_corpus.load_packed_tokens(pack_dir / "tokens.npz", VOCABULARY)
+    for split, ids in [("train", train), ("heldout", heldout)]:
+        text = (corpus / f"{split}.txt").read_text(encoding="utf-8")
+        assert ids.dtype == np.uint16
+        assert ids.tolist() == encoder.encode(text, allow_eot=True) + [encoder.eot_token]
+        assert encoder.decode(ids[:-1].tolist()) == text
+        assert record["tokens"][split] == len(ids)
+    assert list(heldout).count(encoder.eot_token) == 2  # the separator and the final one
+    on_disk = json.loads((pack_dir / "pack.json").read_text())
+    assert on_disk == record and record["n_vocab"] == 4096
+    assert record["tokens_npz_bytes"] == (pack_dir / "tokens.npz").stat().st_size
+    for name in pack_corpus.VOCABULARY_FILES:
+        assert (pack_dir / name).read_bytes() == (VOCABULARY / name).read_bytes()
+
+
+def test_packed_tokens_refuse_another_vocabulary_or_bad_arrays(packed, tmp_path):
+    _, pack_dir, _ = packed
+    other = tmp_path / "other"
+    shutil.copytree(pack_dir, other)
+    with open(other / "vocab.bpe", "a", encoding="utf-8") as file:
+        file.write("\n")
+    with pytest.raises(ValueError, match="another vocabulary.*vocab.bpe differs"):
+        pack_corpus.load_packed_tokens(other / "tokens.npz", VOCABULARY)
+    shutil.copyfile(VOCABULARY / "vocab.bpe", other / "vocab.bpe")
+    np.savez_compressed(other / "tokens.npz", train=np.array([1, 4096], np.uint16), heldout=np.array([1], np.uint16))
+    with pytest.raises(ValueError, match="train holds token 4096, beyond a vocabulary of 4096"):
+        pack_corpus.load_packed_tokens(other / "tokens.npz", VOCABULARY)
+    np.savez_compressed(other / "tokens.npz", train=np.array([1, 2], np.int64), heldout=np.array([1], np.uint16))
+    with pytest.raises(ValueError, match="uint16"):
+        pack_corpus.load_packed_tokens(other / "tokens.npz", VOCABULARY)
+
+
+def test_pack_cli_reports_a_missing_corpus(tmp_path):
+    with pytest.raises(SystemExit, match="pack_corpus: error: .*train.txt"):
+        pack_corpus.main(["--corpus_dir", str(tmp_path / "nowhere"), "--out_dir", str(tmp_path / "out")])
+
+
+def test_train_and_distill_from_packed_tokens(packed, tmp_path):
+    pytest.importorskip("jax")
+    from tools import distill_draft, train_pair
+
+    _, pack_dir, _ = packed
+    tokens = pack_dir / "tokens.npz"
+    train_pair.main(corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, out_dir=tmp_path, steps=2, batch_size=2,
+                    seq_len=16, warmup=1, eval_every=2, target_shape=(32, 2, 4), draft_shape=(16, 1, 2), tokens=tokens)
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["recipe"]["tokens"] == str(tokens) and log["steps_done"] == 2
+    assert log["train_tokens"] == len(pack_corpus.load_packed_tokens(tokens, pack_dir)[0])
+    encoder, hparams, _ = utils.load_encoder_hparams_and_params("teach-target", tmp_path)
+    assert hparams == {"n_vocab": 4096, "n_ctx": 16, "n_embd": 32, "n_head": 4, "n_layer": 2}
+
+    distill_draft.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2, n_layer=2,
+                       batch_size=2, warmup=1, eval_every=2, tokens=tokens)
+    _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", tmp_path)
+    assert draft_hparams["n_layer"] == 2 and len(draft_params["blocks"]) == 2
+    stage = json.loads((tmp_path / "training_log.json").read_text())["draft_distillation"]
+    assert stage["recipe"]["batch_size"] == 2 and [e["step"] for e in stage["evals"]] == [0, 2]
+    assert not (tmp_path / "no-corpus").exists()  # nothing was read from (or cached beside) a corpus folder
