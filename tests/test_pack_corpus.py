@@ -90,3 +90,25 @@ def test_train_and_distill_from_packed_tokens(packed, tmp_path):
     stage = json.loads((tmp_path / "training_log.json").read_text())["draft_distillation"]
     assert stage["recipe"]["batch_size"] == 2 and [e["step"] for e in stage["evals"]] == [0, 2]
     assert not (tmp_path / "no-corpus").exists()  # nothing was read from (or cached beside) a corpus folder
+
+
+def test_the_model_cards_accelerator_commands_use_existing_flags():
+    """The owed rebuild in models/README.md names only parameters the scripts have, with the recipe's values."""
+    pytest.importorskip("jax")
+    import inspect
+    import re
+
+    from tools import distill_draft, train_pair
+
+    card = (REPO / "models" / "README.md").read_text(encoding="utf-8")
+    section = card.split("## Rebuilding the pair on an accelerator (owed)")[1].split("\n## ")[0]
+    commands = {}
+    for script, main in [("train_pair", train_pair.main), ("distill_draft", distill_draft.main)]:
+        command = re.search(rf"python3 tools/{script}\.py (.*?)&&", section, flags=re.S).group(1)
+        flags = dict(re.findall(r"--(\w+) (\S+)", command))
+        assert set(flags) <= set(inspect.signature(main).parameters), script
+        commands[script] = flags
+    assert commands["train_pair"]["target_shape"] == '"(384,8,6)"' and commands["train_pair"]["seq_len"] == "512"
+    assert commands["train_pair"]["batch_size"] == "64" and commands["train_pair"]["lr"] == "1.5e-3"
+    assert int(commands["train_pair"]["steps"]) >= 1600
+    assert commands["distill_draft"]["steps"] == "800" and commands["distill_draft"]["n_layer"] == "2"
