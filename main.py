@@ -1,4 +1,4 @@
-"""Decode one prompt autoregressively and speculatively, and compare.
+r"""Decode one prompt autoregressively and speculatively, and compare.
 
     python main.py --K 4 --temperature 0           # the bundled teaching pair (models/teach-*)
     python main.py --draft_model_size 124M --target_model_size 1558M \
@@ -6,10 +6,14 @@
     python main.py --prompt "def fibonacci(n):" --n_tokens_to_generate 64 --decoder speculative,assisted
     python main.py --json        # one JSON object as the last line of stdout
 
-Every decoder starts from the same prompt, the same seed and empty caches. The speculative text is
-coloured by where each token came from (on a terminal): a draft token the target accepted, the
-target's correction after a rejection, or the bonus token the target adds when it accepts all K.
-Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded where possible.
+Every decoder starts from the same prompt, the same seed and empty caches. Each decoder runs once
+untimed (to warm the models' memory and caches, and to let JAX compile), then --repeats timed runs of
+all decoders interleave, so a drift in the machine's speed touches them alike; times are medians and
+the speedup is the median of the paired ratios, printed with their ranges. The speculative text is
+coloured by where each token came from (on a terminal, unless NO_COLOR is set): a draft token the
+target accepted, the target's correction after a rejection, or the bonus token the target adds when it
+accepts all K. Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded
+where possible. `python main.py --help` lists the flags.
 """
 
 import os
@@ -18,7 +22,9 @@ import os
 # thread made a GPT-2 124M decode step 22% faster when idle, 1.7x slower with one other busy process (README).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import inspect
 import json as jsonlib
+import statistics
 import sys
 import time
 
@@ -31,8 +37,28 @@ import utils
 from encoder import get_encoder
 
 DECODERS = ("autoregressive", "speculative", "assisted")
-FLAGS = ("prompt", "n_tokens_to_generate", "draft_model_size", "target_model_size", "models_dir", "K",
-         "temperature", "top_k", "top_p", "seed", "decoder", "json", "color", "backend", "dtype")
+BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
+# every flag of main(), with what its value looks like and what it does (--help prints these)
+FLAG_HELP = {
+    "prompt": ("TEXT", "the text to continue; an empty prompt starts from <|endoftext|>"),
+    "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
+    "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded)"),
+    "target_model_size": ("NAME", "the target model, likewise"),
+    "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
+    "K": ("INT", "tokens the draft proposes per loop (the assisted decoder adapts its own, starting from 5)"),
+    "temperature": ("FLOAT", "0 is greedy decoding"),
+    "top_k": ("INT", "keep the k most likely tokens; 0 keeps all"),
+    "top_p": ("FLOAT", "keep the fewest most likely tokens holding this much probability; 1 keeps all"),
+    "seed": ("INT", "seed of the random numbers (every decoder starts from it)"),
+    "decoder": ("NAMES", "comma-separated, among autoregressive, speculative and assisted (greedy only)"),
+    "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
+    "json": (None, "print one JSON object instead of the report"),
+    "color": (None, "colour the speculative text by where each token came from"),
+    "backend": ("NAME", "numpy, or jax (needs jax: pip install -r requirements-jax.txt)"),
+    "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
+}
+FLAGS = tuple(FLAG_HELP)
+BOOLEAN_FLAGS = ("json", "color")
 STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype")
 COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m"}  # green, red, blue
 LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
@@ -40,51 +66,79 @@ RESET = "\x1b[0m"
 
 
 def main(prompt="The :mod:`json` module", n_tokens_to_generate=64, draft_model_size="teach-draft",
-         target_model_size="teach-target", models_dir="models", K=4, temperature=0.0, top_k=0,
-         top_p=1.0, seed=123, decoder="autoregressive,speculative", json=False, color=None, backend="numpy",
+         target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0, seed=123,
+         decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32"):
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
-    generation, temperature 0 only; it adapts its own K from 5, as Hugging Face does, and ignores K). color: None colours on a terminal, True or False forces it.
-    backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
+    generation, temperature 0 only; it adapts its own K from 5, as Hugging Face does, and ignores K).
+    models_dir: None is the bundled models/ beside this file. repeats: timed runs of each decoder.
+    color: None colours on a terminal unless the NO_COLOR environment variable is set; True or False
+    forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     Returns the result dict that --json prints.
     """
     decoders = parse_decoders(decoder)
-    check_flags(n_tokens_to_generate, K, seed, decoders, temperature, backend, dtype)
+    check_flags(n_tokens_to_generate, K, seed, repeats, decoders, temperature, backend, dtype)
     sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
-    prompt = str(prompt)
+    check_strings(prompt=prompt, draft_model_size=draft_model_size, target_model_size=target_model_size,
+                  models_dir=models_dir)
+    models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
     for name in (draft_model_size, target_model_size):
-        check_context_early(prompt, n_tokens_to_generate, str(name), models_dir)
+        check_context_early(prompt, n_tokens_to_generate, name, models_dir)
 
-    encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(str(draft_model_size), models_dir)
-    target_encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(str(target_model_size),
+    encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(draft_model_size, models_dir)
+    target_encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(target_model_size,
                                                                                           models_dir)
     check_same_vocabulary(encoder, target_encoder, draft_hparams, target_hparams)
     prompt_ids = encode_prompt(encoder, prompt)
     check_context(len(prompt_ids), n_tokens_to_generate, draft_hparams, target_hparams)
     draft = backends.make_model(draft_params, draft_hparams, backend, dtype)
     target = backends.make_model(target_params, target_hparams, backend, dtype)
+    explain_backend(backend, dtype)
 
-    result = {"prompt": prompt, "draft": str(draft_model_size), "target": str(target_model_size), "K": K,
+    run = lambda name: run_decoder(name, prompt_ids, draft, target, encoder, n_tokens_to_generate, K, temperature,
+                                   top_k, top_p, seed)
+    for name in decoders:
+        run(name)  # untimed warm-up: the first run pays for touching the weights and, with JAX, for compiling
+    timed_runs = {name: [] for name in decoders}
+    for _ in range(repeats):
+        for name in decoders:  # interleaved: a change in the machine's speed touches every decoder alike
+            timed_runs[name].append(run(name))
+
+    result = {"prompt": prompt, "draft": draft_model_size, "target": target_model_size, "K": K,
               "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-              "n_tokens": n_tokens_to_generate, "backend": backend, "dtype": dtype}
+              "n_tokens": n_tokens_to_generate, "repeats": repeats, "backend": backend, "dtype": dtype}
     stats = {}
     for name in DECODERS:
-        result[name] = None
-        if name in decoders:
-            run = lambda: run_decoder(name, prompt_ids, draft, target, encoder, n_tokens_to_generate, K, temperature,
-                                      top_k, top_p, seed)
-            if backend != "numpy":
-                run()  # untimed: let JAX compile what this decoder needs
-            result[name], stats[name] = run()
+        result[name], stats[name] = summarise_runs(timed_runs[name]) if name in decoders else (None, None)
     add_speedups(result)
 
     if json:
         print(jsonlib.dumps(result))
     else:
-        print_report(result, stats, encoder.decode, use_colour=sys.stdout.isatty() if color is None else bool(color))
+        print_report(result, stats, encoder.decode, use_colour=wants_colour(color))
     return result
+
+
+def wants_colour(color):
+    """--color or --nocolor if given; otherwise colour on a terminal unless NO_COLOR is set (no-color.org)."""
+    if color is not None:
+        return bool(color)
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def explain_backend(backend, dtype):
+    """One line on stderr for each slow surprise of the JAX backend, before it happens."""
+    if backend != "jax":
+        return
+    import jax  # backends.make_model has imported it already
+
+    print("note: --backend jax compiles each decoder during its untimed first run: this can take several seconds",
+          file=sys.stderr)
+    if dtype == "bfloat16" and jax.default_backend() == "cpu":
+        print("note: bfloat16 is emulated on CPUs: slower than float32, and its rounding can change the text "
+              "(and so the speedup) from float32's", file=sys.stderr)
 
 
 # ---- checks, before anything is loaded -------------------------------------------------------
@@ -99,7 +153,7 @@ def parse_decoders(decoder):
     return names
 
 
-def check_flags(n_tokens, K, seed, decoders, temperature, backend, dtype):
+def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtype):
     if backend not in backends.BACKENDS:
         raise ValueError(f"unknown --backend {backend!r}: choose one of {', '.join(backends.BACKENDS)}")
     if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and backend != "jax"):
@@ -110,8 +164,19 @@ def check_flags(n_tokens, K, seed, decoders, temperature, backend, dtype):
         raise ValueError(f"--K must be an integer >= 1, got {K!r}")
     if not sampling.is_integer(seed) or seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
+    if not sampling.is_integer(repeats) or repeats < 1:
+        raise ValueError(f"--repeats must be an integer >= 1, got {repeats!r}")
     if "assisted" in decoders and sampling.is_real(temperature) and temperature != 0:
         raise ValueError(f"the assisted decoder is greedy: it needs --temperature 0, got {temperature!r}")
+
+
+def check_strings(models_dir, **texts):
+    """The text flags must be text (a flag given no value reaches main as True); models_dir may be a path."""
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            raise ValueError(f"--{name} must be text, got {value!r}")
+    if models_dir is not None and not isinstance(models_dir, (str, os.PathLike)):
+        raise ValueError(f"--models_dir must be a folder's path, got {models_dir!r}")
 
 
 def check_same_vocabulary(encoder, target_encoder, draft_hparams, target_hparams):
@@ -179,11 +244,31 @@ def progress_bar(name, total):
     return tqdm(total=total, desc=name, unit="tok", leave=False, disable=not sys.stderr.isatty())
 
 
+def summarise_runs(runs):
+    """A decoder's timed runs [(result, stats), ...] -> (the median run's result with every run's seconds, its stats).
+
+    Every run decodes the same tokens (same seed, empty caches); only the times differ. The median run
+    (the lower of the two middle ones for an even count) gives the seconds and the draft and target times.
+    """
+    result, stats = sorted(runs, key=lambda run: run[0]["seconds"])[(len(runs) - 1) // 2]
+    return {**result, "seconds_per_run": [run[0]["seconds"] for run in runs]}, stats
+
+
 def add_speedups(result):
+    """Each faster decoder's speedup: the median over repeats of autoregressive seconds / its seconds.
+
+    The runs of one repeat ran back to back, so each ratio compares the decoders at the same moment.
+    """
     autoregressive = result["autoregressive"]
     for name in ("speculative", "assisted"):
-        if result[name] is not None:
-            result[name]["speedup"] = autoregressive["seconds"] / result[name]["seconds"] if autoregressive else None
+        if result[name] is None:
+            continue
+        if autoregressive is None:
+            result[name].update(speedup=None, speedup_range=None)
+            continue
+        ratios = [ar_seconds / seconds for ar_seconds, seconds in
+                  zip(autoregressive["seconds_per_run"], result[name]["seconds_per_run"])]
+        result[name].update(speedup=statistics.median(ratios), speedup_range=[min(ratios), max(ratios)])
     result["speedup"] = result["speculative"]["speedup"] if result["speculative"] else None
 
 
@@ -212,26 +297,37 @@ def coloured_text(tokens, origins, decode):
 def print_report(result, stats, decode, use_colour):
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)
     print(f"draft {result['draft']} -> target {result['target']}, K {result['K']}, temperature {result['temperature']}, "
-          f"top_k {result['top_k']}, top_p {result['top_p']}, seed {result['seed']}, {result['n_tokens']} tokens")
+          f"top_k {result['top_k']}, top_p {result['top_p']}, seed {result['seed']}, {result['n_tokens']} tokens; "
+          f"times: the median and range of {result['repeats']} timed runs, after one untimed run of each decoder")
     for name in DECODERS:
         run = result[name]
         if run is None:
             continue
-        print(f"\n{name}: {run['seconds']:.2f} s, {run['target_calls']} target calls, "
-              f"{1000 * run['seconds'] / len(run['tokens']):.1f} ms/token")
+        print(f"\n{name}: {run['seconds']:.3f} s ({min(run['seconds_per_run']):.3f}-{max(run['seconds_per_run']):.3f}), "
+              f"{run['target_calls']} target calls, {1000 * run['seconds'] / len(run['tokens']):.1f} ms/token")
         text = run["text"]
         if use_colour and name != "autoregressive":
             text = coloured_text(run["tokens"], stats[name].origins, decode)
         print(result["prompt"] + text)
-        if name != "autoregressive":
-            if use_colour:
-                print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
-            print(f"  {run['drafted']} drafted, {run['accepted']} accepted (acceptance rate "
-                  f"{fmt(run['acceptance_rate'], '.3f')}), {fmt(run['tokens_per_target_call'], '.2f')} tokens per "
-                  f"target call, {run['draft_calls']} draft calls; {run['draft_seconds']:.2f} s in the draft, "
-                  f"{run['target_seconds']:.2f} s in the target (cost ratio {fmt(run['cost_ratio'], '.3f')})")
-            print(f"  speedup {fmt(run['speedup'], '.2f')}x measured, {fmt(run['expected_speedup'], '.2f')}x expected "
-                  "by the formula from the acceptance rate and cost ratio, if a target call cost one decode step")
+        if name == "autoregressive":
+            continue
+        if use_colour:
+            print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
+        never_judged = run["drafted"] - run["accepted"] - run["rejected"]
+        print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
+              "judged (a loop stops at its first rejection)")
+        print(f"  acceptance rate alpha {fmt(run['acceptance_rate'], '.3f')} = accepted / (accepted + rejected), "
+              f"Leviathan et al.'s alpha; {fmt(run['tokens_per_target_call'], '.2f')} tokens per target call")
+        print(f"  {run['draft_calls']} draft calls; {run['draft_seconds']:.3f} s in the draft, {run['target_seconds']:.3f} s "
+              f"in the target (cost ratio {fmt(run['cost_ratio'], '.3f')})")
+        if run["speedup"] is None:
+            measured = "speedup not measured (add autoregressive to --decoder to measure it)"
+        else:
+            low, high = run["speedup_range"]
+            measured = (f"speedup {run['speedup']:.2f}x measured (median of {result['repeats']} paired runs, "
+                        f"{low:.2f}-{high:.2f}x)")
+        print(f"  {measured}; {fmt(run['expected_speedup'], '.2f')}x expected by the formula from alpha and the cost "
+              "ratio, if a target call cost one decode step")
 
 
 # ---- the command line --------------------------------------------------------------------------
@@ -248,42 +344,97 @@ def flag_name(arg):
     return matches[0] if len(matches) == 1 else name  # fire's -x names the only flag starting with x
 
 
-def quote_string_flags(argv):
-    """Quote the values of string flags so fire keeps them as typed ('a, b' would become a tuple, '42' an int)."""
-    quoted, i = [], 0
+def split_flag(arg):
+    """--name=value, --name, --noname or -n -> (a name in FLAGS or "help", the value after '=' or None).
+
+    None when arg is a value rather than a flag; an unknown flag raises.
+    """
+    name = flag_name(arg)
+    if name is None:
+        return None
+    value = arg.split("=", 1)[1] if "=" in arg else None
+    if name in ("help", "h") or name in FLAGS:
+        return ("help" if name == "h" else name), value
+    if name.startswith("no") and name[2:] in BOOLEAN_FLAGS and value is None:
+        return name[2:], "false"
+    raise ValueError(f"unknown flag {arg.split('=', 1)[0]}: the flags are --{', --'.join(FLAGS)}")
+
+
+def is_known_flag(arg):
+    try:
+        return split_flag(arg) is not None
+    except ValueError:
+        return False
+
+
+def parse_arguments(argv):
+    """The command line -> {flag name: its value as typed}, refusing what fire would silently misread.
+
+    Fire would read a flag given no value as True (`--prompt` alone ran with the prompt "True") and
+    stray words as positional arguments (`main.py hello 5`). Here --json, --color and --help take no
+    value (or =true, =false), every other flag takes one, and there are no positional arguments. A text
+    flag's value may start with "-" unless it is one of main's flags (--prompt --K 3 lacks a prompt);
+    --prompt=--K is a prompt.
+    """
+    given, i = {}, 0
     while i < len(argv):
-        arg, name = argv[i], flag_name(argv[i])
-        if name in STRING_FLAGS and "=" in arg:
-            flag, value = arg.split("=", 1)
-            arg = f"{flag}={value!r}"
-        elif name in STRING_FLAGS and i + 1 < len(argv):
-            quoted.append(arg)
-            i += 1
-            arg = repr(argv[i])
-        quoted.append(arg)
+        arg = argv[i]
+        flag = split_flag(arg)
+        if flag is None:
+            raise ValueError(f"unexpected argument {arg!r}: every value follows its flag, as in --prompt {arg!r} "
+                             "(python main.py --help lists the flags)")
+        name, value = flag
+        if name in BOOLEAN_FLAGS or name == "help":
+            value = "true" if value is None else value.lower()
+            if value not in ("true", "false"):
+                raise ValueError(f"--{name} takes no value (or =true, =false), got {arg!r}")
+        elif value is None:
+            follows = argv[i + 1] if i + 1 < len(argv) else None
+            is_flag = is_known_flag if name in STRING_FLAGS else (lambda arg: flag_name(arg) is not None)
+            if follows is None or is_flag(follows):
+                raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
+            value, i = follows, i + 1
+        elif value == "" and name not in STRING_FLAGS:
+            raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
+        given[name] = value  # a flag given twice keeps its last value, as fire and argparse do
         i += 1
-    return quoted
+    return given
 
 
-def check_flag_names(argv):
-    """Refuse unknown flags before anything runs (fire would run main first, then complain)."""
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            return
-        name = flag_name(arg)
-        follows_string_flag = i > 0 and flag_name(argv[i - 1]) in STRING_FLAGS and "=" not in argv[i - 1]
-        if name is None or follows_string_flag or name in ("help", "h"):
-            continue
-        if name not in FLAGS and not (name.startswith("no") and name[2:] in FLAGS):
-            raise ValueError(f"unknown flag {arg.split('=', 1)[0]}: the flags are --{', --'.join(FLAGS)}")
+def fire_command(given):
+    """The flags for fire to read: text quoted, so fire keeps it as typed ('a, b' would become a tuple, '42' an int)."""
+    command = []
+    for name, value in given.items():
+        if name in BOOLEAN_FLAGS:
+            command.append(f"--{name}" if value == "true" else f"--no{name}")
+        elif name in STRING_FLAGS:
+            command.append(f"--{name}={value!r}")
+        else:
+            command.append(f"--{name}={value}")
+    return command
+
+
+def usage():
+    """What --help prints: the examples above, then every flag with its default."""
+    defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
+    described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
+                          "color": "on a terminal, unless NO_COLOR is set"}
+    lines = ["usage: python main.py [--flag value ...]", "", __doc__.strip(), "", "flags [default]:"]
+    for name, (metavar, description) in FLAG_HELP.items():
+        syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"
+        lines.append(f"  {syntax:<28} {description} [{described_defaults.get(name, defaults[name])}]")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    import fire  # only the command line needs fire
-
     try:
-        check_flag_names(sys.argv[1:])
-        fire.Fire(main, command=quote_string_flags(sys.argv[1:]), serialize=lambda result: None)
+        arguments = parse_arguments(sys.argv[1:])
+        if arguments.pop("help", "false") == "true":
+            print(usage())
+            sys.exit(0)
+        import fire  # only the command line needs fire
+
+        fire.Fire(main, command=fire_command(arguments), serialize=lambda result: None)
     except (ValueError, OSError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -53,13 +54,13 @@ def models_dir(tmp_path_factory):
     return root
 
 
-def run_main(*args, models_dir=None):
+def run_main(*args, models_dir=None, cwd=REPO, env=None):
     """main.py in a subprocess without network access (downloads go to a proxy that refuses them)."""
     offline = {name: "http://127.0.0.1:9" for name in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"]}
-    env = {**os.environ, **offline, "NO_PROXY": "", "no_proxy": ""}
+    env = {**os.environ, **offline, "NO_PROXY": "", "no_proxy": "", **(env or {})}
     flags = ["--models_dir", str(models_dir)] if models_dir else []
     return subprocess.run([sys.executable, str(REPO / "main.py"), *flags, *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
+                          env=env, cwd=cwd, timeout=300)
 
 
 PAIR = ["--draft_model_size", "draft", "--target_model_size", "target", "--prompt", "the"]
@@ -68,17 +69,19 @@ PAIR = ["--draft_model_size", "draft", "--target_model_size", "target", "--promp
 def test_json_run_on_a_tiny_pair(models_dir):
     n_tokens = 20
     result = run_main(*PAIR, "--prompt", "the cat, the hat", "--n_tokens_to_generate", str(n_tokens), "--K", "3",
-                      "--temperature", "0", "--decoder", "autoregressive,speculative,assisted", "--json",
-                      models_dir=models_dir)
+                      "--temperature", "0", "--decoder", "autoregressive,speculative,assisted", "--repeats", "3",
+                      "--json", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     output = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {"prompt", "draft", "target", "K", "temperature", "top_k", "top_p", "seed", "n_tokens", "autoregressive",
-            "speculative", "speedup"} <= output.keys()
+    assert {"prompt", "draft", "target", "K", "temperature", "top_k", "top_p", "seed", "n_tokens", "repeats",
+            "autoregressive", "speculative", "speedup"} <= output.keys()
+    assert output["repeats"] == 3
     assert output["prompt"] == "the cat, the hat" and output["n_tokens"] == n_tokens and output["K"] == 3
     assert set(output["autoregressive"]) >= {"tokens", "text", "seconds", "target_calls"}
     assert set(output["speculative"]) >= {"tokens", "text", "seconds", "target_calls", "draft_calls", "drafted",
-                                          "accepted", "acceptance_rate", "expected_speedup"}
+                                          "accepted", "rejected", "acceptance_rate", "expected_speedup", "speedup",
+                                          "speedup_range", "seconds_per_run"}
     encoder = get_encoder_from_dir(models_dir / "target")
     for name in ["autoregressive", "speculative", "assisted"]:
         tokens = output[name]["tokens"]
@@ -87,7 +90,15 @@ def test_json_run_on_a_tiny_pair(models_dir):
         assert tokens == output["autoregressive"]["tokens"]  # greedy: every decoder gives the target's tokens
     assert output["autoregressive"]["target_calls"] == n_tokens
     assert output["speculative"]["target_calls"] < n_tokens
-    assert output["speedup"] == pytest.approx(output["autoregressive"]["seconds"] / output["speculative"]["seconds"])
+    for name in ["autoregressive", "speculative", "assisted"]:  # the median of the timed runs, one run per repeat
+        assert len(output[name]["seconds_per_run"]) == 3
+        assert output[name]["seconds"] == statistics.median(output[name]["seconds_per_run"])
+    for name in ["speculative", "assisted"]:  # the median of the paired ratios, and their range
+        ratios = [ar / seconds for ar, seconds in zip(output["autoregressive"]["seconds_per_run"],
+                                                      output[name]["seconds_per_run"])]
+        assert output[name]["speedup"] == pytest.approx(statistics.median(ratios))
+        assert output[name]["speedup_range"] == pytest.approx([min(ratios), max(ratios)])
+    assert output["speedup"] == output["speculative"]["speedup"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -98,6 +109,14 @@ def test_the_jax_backend_gives_the_numpy_backends_greedy_tokens(models_dir, dtyp
     jax_output = json.loads(jax_run.stdout.strip().splitlines()[-1])
     assert jax_output["backend"] == "jax" and jax_output["dtype"] == dtype
     assert jax_output["speculative"]["tokens"] == jax_output["autoregressive"]["tokens"]
+    # one line each, before the wait: the first runs compile; bfloat16 on a CPU is emulated
+    import jax
+
+    notes = [line for line in jax_run.stderr.splitlines() if line.startswith("note:")]
+    assert notes[0].startswith("note: --backend jax compiles")
+    bfloat16_emulated = dtype == "bfloat16" and jax.default_backend() == "cpu"
+    assert len(notes) == 1 + bfloat16_emulated
+    assert ("bfloat16 is emulated on CPUs" in jax_run.stderr) == bfloat16_emulated
     if dtype == "float32":  # bfloat16 rounds the logits: its greedy tokens may differ from float32's
         numpy_run = run_main(*args, models_dir=models_dir)
         assert numpy_run.returncode == 0, numpy_run.stderr
@@ -109,9 +128,73 @@ def test_text_report_colours_only_when_asked(models_dir):
     plain = run_main(*PAIR, "--n_tokens_to_generate", "12", models_dir=models_dir)
     assert plain.returncode == 0, plain.stderr
     assert "\x1b[" not in plain.stdout and "speedup" in plain.stdout and "acceptance rate" in plain.stdout
-    coloured = run_main(*PAIR, "--n_tokens_to_generate", "12", "--color", models_dir=models_dir)
+    coloured = run_main(*PAIR, "--n_tokens_to_generate", "12", "--color", models_dir=models_dir,
+                        env={"NO_COLOR": "1"})  # --color overrides NO_COLOR
     assert coloured.returncode == 0, coloured.stderr
     assert "\x1b[32m" in coloured.stdout and "legend" in coloured.stdout
+
+
+class Terminal:
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("no_color, color, expected", [
+    (None, None, True), ("1", None, False), ("", None, True),  # no-color.org: set and not empty disables colour
+    ("1", True, True), (None, False, False),  # --color and --nocolor decide whatever NO_COLOR says
+])
+def test_no_color_turns_colour_off_on_a_terminal_unless_color_is_given(monkeypatch, no_color, color, expected):
+    monkeypatch.setattr(main.sys, "stdout", Terminal())
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+    assert main.wants_colour(color) is expected
+
+
+def test_text_report_names_the_rejected_drafts_and_what_alpha_counts(models_dir):
+    args = [*PAIR, "--n_tokens_to_generate", "30", "--K", "6", "--temperature", "0", "--repeats", "2"]
+    text = run_main(*args, models_dir=models_dir)
+    output = json.loads(run_main(*args, "--json", models_dir=models_dir).stdout.strip().splitlines()[-1])
+    assert text.returncode == 0, text.stderr
+    run = output["speculative"]
+    counts = re.search(r"(\d+) drafted: (\d+) accepted, (\d+) rejected, (\d+) never judged", text.stdout)
+    assert counts, text.stdout
+    drafted, accepted, rejected, never_judged = map(int, counts.groups())
+    assert (drafted, accepted, rejected) == (run["drafted"], run["accepted"], run["rejected"])
+    assert rejected > 0 and never_judged > 0  # this run exercises both kinds of drafts that were not accepted
+    assert drafted == accepted + rejected + never_judged
+    alpha = float(re.search(r"acceptance rate alpha ([0-9.]+) = accepted / \(accepted \+ rejected\)", text.stdout)[1])
+    assert alpha == pytest.approx(accepted / (accepted + rejected), abs=5e-4)
+    assert re.search(r"speedup [0-9.]+x measured \(median of 2 paired runs, [0-9.]+-[0-9.]+x\)", text.stdout)
+
+
+def test_without_the_autoregressive_decoder_the_speedup_is_not_measured(models_dir):
+    result = run_main(*PAIR, "--n_tokens_to_generate", "8", "--decoder", "speculative", "--repeats", "1",
+                      models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    assert "speedup not measured" in result.stdout and "n/a" not in result.stdout
+    output = json.loads(run_main(*PAIR, "--n_tokens_to_generate", "8", "--decoder", "speculative", "--repeats", "1",
+                                 "--json", models_dir=models_dir).stdout.strip().splitlines()[-1])
+    assert output["speedup"] is None and output["speculative"]["speedup_range"] is None
+    assert output["autoregressive"] is None
+
+
+def test_the_bundled_models_are_found_from_any_directory(tmp_path):
+    result = run_main("--n_tokens_to_generate", "4", "--repeats", "1", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout.strip().splitlines()[-1])
+    assert output["draft"] == "teach-draft" and len(output["speculative"]["tokens"]) == 4
+
+
+def test_a_given_models_dir_is_relative_to_the_current_directory(models_dir, tmp_path):
+    (tmp_path / "here" / "my-models").mkdir(parents=True)
+    for name in ("draft", "target"):
+        shutil.copytree(models_dir / name, tmp_path / "here" / "my-models" / name)
+    args = [*PAIR, "--models_dir", "my-models", "--n_tokens_to_generate", "4", "--repeats", "1", "--json"]
+    result = run_main(*args, cwd=tmp_path / "here")
+    assert result.returncode == 0, result.stderr
+    assert_short_error(run_main(*args, cwd=tmp_path), "no model 'draft' in my-models")
 
 
 def test_an_empty_prompt_starts_from_endoftext(models_dir):
@@ -135,6 +218,20 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--dtype", "bfloat16"], "bfloat16 with --backend jax"),
     (["--dtype", "float64"], "--dtype must be float32"),
     (["--backend", "torch"], "unknown --backend"),
+    (["--repeats", "0"], "--repeats must be an integer >= 1"),
+    # a flag without its value, and stray words, are refused rather than read as True or as positions
+    (["hello", "5"], "unexpected argument 'hello'"),
+    (["--K", "3", "5"], "unexpected argument '5'"),
+    (["--json", "yes"], "unexpected argument 'yes'"),
+    (["--prompt"], "--prompt needs a value"),
+    (["--prompt", "--K", "3"], "--prompt needs a value"),
+    (["--K"], "--K needs a value"),
+    (["--temperature", "--json"], "--temperature needs a value"),
+    (["--seed="], "--seed needs a value"),
+    (["--models_dir"], "--models_dir needs a value"),
+    (["--decoder"], "--decoder needs a value"),
+    (["--json=1"], "--json takes no value"),
+    (["--nojson=true"], "unknown flag --nojson"),
     (["--n_tokens_to_generate", "64"], "exceed the models' context of 64"),
     (["--target_model_size", "other-vocabulary", "--n_tokens_to_generate", "8"], "different vocabularies"),
 ])
@@ -162,7 +259,7 @@ def test_a_prompt_longer_than_the_context_is_refused_before_loading_the_checkpoi
 
 
 def assert_short_error(result, message):
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
     assert 1 <= len(result.stderr.strip().splitlines()) <= 2, result.stderr
     assert message in result.stderr
@@ -191,11 +288,43 @@ def test_colouring_keeps_a_character_split_between_runs_of_different_origins(mod
     assert main.COLOURS["corrected"] + "é" in coloured and main.COLOURS["bonus"] + " b" in coloured
 
 
-def test_string_flags_reach_main_as_typed():
-    argv = ["-p", "a, b", "--draft_model_size=355", "-n", "5", "--K", "-1", "--nocolor", "--models_dir", "42"]
-    assert main.quote_string_flags(argv) == ["-p", "'a, b'", "--draft_model_size='355'", "-n", "5", "--K", "-1",
-                                             "--nocolor", "--models_dir", "'42'"]
-    main.check_flag_names(argv + ["--prompt", "--not-a-flag", "--json", "-K", "2"])  # a string flag's value is a value
-    for bad in (["--tempreature", "1"], ["-z"], ["--no_such"]):
+def test_flags_reach_main_as_typed():
+    argv = ["-p", "a, b", "--draft_model_size=355", "-n", "5", "--K", "-1", "--nocolor", "--models_dir", "42",
+            "--top_p=.5", "--json"]
+    given = main.parse_arguments(argv)
+    assert given == {"prompt": "a, b", "draft_model_size": "355", "n_tokens_to_generate": "5", "K": "-1",
+                     "color": "false", "models_dir": "42", "top_p": ".5", "json": "true"}
+    assert main.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
+                                        "--K=-1", "--nocolor", "--models_dir='42'", "--top_p=.5", "--json"]
+    # a text flag's value may look like a flag, unless it is one of main's; after "=" anything is a value
+    assert main.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
+                                                                                   "json": "false"}
+    assert main.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
+    assert main.parse_arguments(["--prompt="]) == {"prompt": ""}
+    for bad in (["--tempreature", "1"], ["-z"], ["--no_such"], ["-t", "1"]):  # -t: temperature, top_k or top_p?
         with pytest.raises(ValueError, match="unknown flag"):
-            main.check_flag_names(bad)
+            main.parse_arguments(bad)
+
+
+def test_a_text_flag_given_anything_but_text_from_python_is_refused():
+    for flags in ({"prompt": True}, {"draft_model_size": 124}, {"models_dir": 3}):
+        with pytest.raises(ValueError, match="must be"):
+            main.main(**flags)
+
+
+def test_help_prints_every_flag_with_its_default_and_no_pager(tmp_path):
+    result = run_main("--help", cwd=tmp_path, env={"PAGER": "false", "TERM": "dumb"})
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("usage: python main.py") and "INFO" not in result.stdout
+    for flag in main.FLAGS:
+        assert f"--{flag}" in result.stdout
+    assert "[autoregressive,speculative]" in result.stdout and "--color, --nocolor" in result.stdout
+    assert "[models/ beside main.py]" in result.stdout and "NO_COLOR" in result.stdout
+    assert run_main("--K", "3", "-h").stdout == result.stdout
+
+
+def test_the_readme_lists_every_flag():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    flag_list = readme[readme.index("Flags: "):]
+    flag_list = flag_list[:flag_list.index("\n\n")]
+    assert set(main.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
