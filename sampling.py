@@ -13,18 +13,20 @@ Two model contracts are accepted, told apart by `hasattr(model, "logits")`:
   n_last positions of x, and `n_vocab`, `n_ctx` say what the model accepts. They keep a KV cache and
   roll it back to the longest prefix of x they have already read, so drafts that were rejected
   simply vanish on the next call; the target scores all K + 1 positions in one call.
-- The seed reference's plain callables: `model(x)` gives probabilities [len(x), n_vocab] for every
-  position. With the default settings they are used as given: such callables usually bake in their
-  own temperature. Other settings are applied to their log-probabilities, which is the same as
-  applying them to logits, since softmax(log softmax(z) / t) = softmax(z / t).
+- Plain callables, the model contract of jaymody/speculative-sampling (built on jaymody/picoGPT),
+  whose function names and arguments this module keeps: `model(x)` gives probabilities
+  [len(x), n_vocab] for every position. With the default settings they are used as given: such
+  callables usually bake in their own temperature. Other settings are applied to their
+  log-probabilities, which is the same as applying them to logits, since
+  softmax(log softmax(z) / t) = softmax(z / t).
 
 Logits become probabilities by temperature, then top-k, then top-p (Hugging Face's order), the same
 way for p and q, before the rejection rule compares them. Temperature 0 is exact greedy decoding:
 all the mass on the argmax, ties going to the lowest id. Drafts are drawn from exactly the p that
 enters the ratio q/p, and `sample` never returns a token of probability zero.
 
-Randomness comes only from the numpy Generator `rng`, one uniform number per decision, so the same
-seed gives the same tokens. Pass a `SpeculativeStats` as `stats` to read the counters and timers of
+Randomness comes only from `rng`, one uniform number per decision, so the same seed gives the same
+tokens: a numpy Generator, or as with numpy.random.default_rng an int seed or None (fresh entropy). Pass a `SpeculativeStats` as `stats` to read the counters and timers of
 a run; pass `progress`, a function of the number of new tokens, to follow it (e.g. tqdm's update).
 """
 
@@ -139,15 +141,31 @@ def next_token_probs(model, x, n_last, settings):  # -> [n_last, n_vocab] float3
 # ---- the two primitives of the paper ---------------------------------------------------------------
 
 
+def as_generator(rng):
+    """rng as numpy.random.default_rng reads it: an int seed or None (fresh entropy) becomes a Generator.
+
+    A Generator, or any object with Generator's random(), is used as given.
+    """
+    if rng is None or is_integer(rng):
+        if rng is not None and rng < 0:
+            raise ValueError(f"an rng seed must be an integer >= 0, got {rng!r}")
+        return np.random.default_rng(rng)
+    if not hasattr(rng, "random"):
+        raise ValueError(f"rng must be a numpy.random.Generator, an integer seed or None, got {rng!r}")
+    return rng
+
+
 def sample(probs, rng):  # [n_vocab] -> a token id
     """Draw a token by inverse CDF with one uniform number; a token of probability zero is never drawn.
+
+    rng: a Generator, or an int seed or None as numpy.random.default_rng takes them.
 
     The CDF is summed in float64 and scaled by its total, so float32 rounding in probs cannot make
     the draw fall off the end. searchsorted(side="right") returns the first token whose cumulative
     mass exceeds u, and such a token adds mass, so its probability is positive.
     """
     cdf = probs.cumsum(dtype=np.float64)
-    u = rng.random() * cdf[-1]
+    u = as_generator(rng).random() * cdf[-1]
     token = int(np.searchsorted(cdf, u, side="right"))
     if token == len(cdf):  # u rounded up to the total itself
         token = int(np.flatnonzero(probs)[-1])
@@ -206,6 +224,13 @@ class SpeculativeStats:
     # per new token: "target" (autoregressive), "accepted" (a draft), "corrected" (resampled after a
     # rejection) or "bonus" (the extra token after all K drafts were accepted)
     origins: list = field(default_factory=list)
+
+    def __repr__(self):  # the counters and alpha; origins, one entry per token, would bury them
+        counters = ", ".join(f"{name}={getattr(self, name)}" for name in
+                             ["loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "generated"])
+        alpha = "None" if self.acceptance_rate is None else f"{self.acceptance_rate:.3f}"
+        return (f"SpeculativeStats({counters}, acceptance_rate={alpha}, target_seconds={self.target_seconds:.3f}, "
+                f"draft_seconds={self.draft_seconds:.3f})")
 
     def record_call(self, role, seconds, steps=1):
         if role == "draft":
@@ -314,7 +339,7 @@ def prepare(x, N, models, rng, stats, progress):
             raise ValueError(f"token ids must lie in [0, {model.n_vocab}), got {x.min()}..{x.max()}")
         if hasattr(model, "n_ctx") and len(x) + N > model.n_ctx:
             raise ValueError(f"{len(x)} prompt tokens + {N} new ones exceed the model's context of {model.n_ctx}")
-    rng = np.random.default_rng() if rng is None else rng
+    rng = as_generator(rng)
     stats = SpeculativeStats() if stats is None else stats
     progress = progress or (lambda n_new: None)
     return x.astype(np.int64), rng, stats, progress
@@ -330,7 +355,10 @@ def check_K(K):
 
 def autoregressive_sampling(x, model, N, rng=None, *, temperature=1.0, top_k=0, top_p=1.0, stats=None,
                             progress=None):
-    """Algorithm 1: sample N tokens from the model (the paper's target q), one call per token."""
+    """Algorithm 1: sample N tokens from the model (the paper's target q), one call per token.
+
+    temperature=1.0 samples from the model's own distribution; main.py's default is 0, greedy.
+    """
     settings = SamplingSettings(temperature, top_k, top_p)
     x, rng, stats, progress = prepare(x, N, [model], rng, stats, progress)
     n = len(x)  # initialise n <- t, the prompt's length
@@ -350,6 +378,7 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
 
     The paper counts t from 1; here t counts from 0, so the paper's drafted token x~_t is
     drafts[t - 1] and its p(x | x_1..x_n, x~_1..x~_{t-1}) is p[t - 1], and likewise for q.
+    temperature=1.0 samples from the models' own distributions; main.py's default is 0, greedy.
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     check_K(K)

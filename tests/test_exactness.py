@@ -129,7 +129,7 @@ class TableModel:
 
 
 class TableCallable:
-    """The seed's contract: probabilities for every position of x."""
+    """jaymody/speculative-sampling's model contract: probabilities for every position of x."""
 
     def __init__(self, table):
         self.probs = sampling.softmax(np.asarray(table, dtype=np.float32))

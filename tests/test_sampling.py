@@ -270,6 +270,32 @@ def test_the_same_seed_gives_the_same_tokens_and_another_seed_others():
     np.testing.assert_array_equal(run_ar(7), run_ar(7))
 
 
+def test_rng_may_be_an_int_seed_or_none_as_numpy_default_rng_takes_it():
+    draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
+    speculative = lambda rng: sampling.speculative_sampling([0], draft, target, 40, 3, rng)
+    autoregressive = lambda rng: sampling.autoregressive_sampling([0], target, 40, rng)
+    for decode in (speculative, autoregressive):
+        np.testing.assert_array_equal(decode(7), decode(np.random.default_rng(7)))  # a seed is default_rng(seed)
+        np.testing.assert_array_equal(decode(np.int64(7)), decode(7))
+        assert len(decode(None)) == 41  # fresh entropy
+    probs = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    assert sampling.sample(probs, 5) == sampling.sample(probs, np.random.default_rng(5))
+    for bad in ("7", 1.5, -1, True):
+        with pytest.raises(ValueError, match="rng"):
+            speculative(bad)
+
+
+def test_printing_stats_shows_the_counters_not_every_tokens_origin():
+    draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
+    stats = sampling.SpeculativeStats()
+    sampling.speculative_sampling([0], draft, target, 60, 3, 0, stats=stats)
+    shown = repr(stats)
+    assert len(stats.origins) == 60 and "origins" not in shown and len(shown) < 300
+    for name in ["loops", "target_calls", "drafted", "accepted", "rejected", "generated"]:
+        assert f"{name}={getattr(stats, name)}" in shown
+    assert f"acceptance_rate={stats.acceptance_rate:.3f}" in shown
+
+
 def test_seed_contract_callables_work_with_every_decoder():
     draft, target = TableCallable(DRAFT_TABLE), TableCallable(TARGET_TABLE)
     project_draft, project_target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)

@@ -1,0 +1,84 @@
+"""What the README tells a newcomer holds: its Python example runs, its sample of main.py's report is
+what main.py prints, its dependency split is what main.py imports, and it names only things a reader
+can find."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+# words for things outside the repository that a reader cannot look up
+UNFINDABLE = [r"(?i)\bseed reference", r"(?i)\bthe seed'?s\b", r"(?i)\bthe seeds\b", r"(?i)design card", r"\bGUIDE\b",
+              r"(?i)\bissue \d+"]
+# what only the extras install: `python main.py` must run without any of them
+EXTRAS = ["jax", "jaxlib", "scipy", "torch", "transformers", "tiktoken", "pytest", "matplotlib", "nbclient",
+          "nbformat", "ipykernel", "safetensors", "notebook"]
+
+
+def section(text, heading):
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end == -1 else text[start:end]
+
+
+def run_python(code, *args):
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def requirement_names(path):
+    names = []
+    for line in (REPO / path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-r"):
+            names.append(re.match(r"[A-Za-z0-9_.\-]+", line)[0].lower())
+    return names
+
+
+def test_the_python_api_example_runs_as_written():
+    (example,) = re.findall(r"```python\n(.*?)```", section(README, "Python API"), re.S)
+    result = run_python(example)
+    assert result.returncode == 0, result.stderr  # its last line asserts that greedy speculative == autoregressive
+    text, stats = result.stdout.rstrip("\n").rsplit("\n", 1)
+    assert stats.startswith("SpeculativeStats(loops=") and "acceptance_rate=" in stats and "origins" not in stats
+    assert text.strip()
+
+
+def test_the_sample_report_lines_are_what_main_prints():
+    command = re.search(r"\(`python main.py (--K 4 --temperature 0)`", README)
+    sample = re.search(r"\n\n((?:    \d+ drafted.*\n)(?:    .*\n)*)", README[command.end():])[1]
+    result = subprocess.run([sys.executable, str(REPO / "main.py"), *command[1].split(), "--repeats", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    printed = [line.strip() for line in result.stdout.splitlines()]
+    for line in sample.splitlines():
+        assert line.strip() in printed
+
+
+def test_main_py_needs_only_the_runtime_requirements():
+    assert requirement_names("requirements.txt") == ["numpy", "tqdm", "fire", "regex"]
+    assert "jax" in requirement_names("requirements-jax.txt")
+    dev = (REPO / "requirements-dev.txt").read_text()
+    assert "-r requirements-jax.txt" in dev and "-r requirements.txt" in (REPO / "requirements-jax.txt").read_text()
+    assert {"pytest", "jax", "torch", "transformers", "tiktoken"} <= set(requirement_names("requirements-dev.txt"))
+    assert "notebook" in requirement_names("requirements-notebooks.txt")
+    run = ("import json, runpy, sys; sys.argv = ['main.py', '--n_tokens_to_generate', '4', '--repeats', '1', '--json'];"
+           "runpy.run_path('main.py', run_name='__main__'); print(json.dumps(sorted(sys.modules)))")
+    result = run_python(run)
+    assert result.returncode == 0, result.stderr
+    imported = {name.split(".")[0] for name in json.loads(result.stdout.strip().splitlines()[-1])}
+    assert "numpy" in imported and "fire" in imported
+    assert imported.isdisjoint(EXTRAS), imported & set(EXTRAS)
+
+
+@pytest.mark.parametrize("path", ["notebooks/README.md", "main.py", "sampling.py",
+                                  "requirements.txt", "requirements-dev.txt", "requirements-jax.txt",
+                                  "requirements-notebooks.txt", "tests/fixtures/gpt2-vocab/README.md"])
+def test_the_docs_name_only_what_a_reader_can_find(path):
+    text = (REPO / path).read_text(encoding="utf-8")
+    for pattern in UNFINDABLE:
+        assert not re.search(pattern, text), f"{path}: {re.search(pattern, text)[0]!r}"
