@@ -175,7 +175,7 @@ def check_strings(models_dir, **texts):
     for name, value in texts.items():
         if not isinstance(value, str):
             raise ValueError(f"--{name} must be text, got {value!r}")
-    if models_dir is not None and not isinstance(models_dir, (str, os.PathLike)):
+    if models_dir is not None and (not isinstance(models_dir, (str, os.PathLike)) or os.fspath(models_dir) == ""):
         raise ValueError(f"--models_dir must be a folder's path, got {models_dir!r}")
 
 

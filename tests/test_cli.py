@@ -229,6 +229,7 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--temperature", "--json"], "--temperature needs a value"),
     (["--seed="], "--seed needs a value"),
     (["--models_dir"], "--models_dir needs a value"),
+    (["--models_dir="], "--models_dir must be a folder's path"),
     (["--decoder"], "--decoder needs a value"),
     (["--json=1"], "--json takes no value"),
     (["--nojson=true"], "unknown flag --nojson"),
