@@ -278,6 +278,9 @@ def main():
                                f"W[8192, 8192] float32, W plain and in column panels",
         "roofline_ms_per_token": round(roofline_ms, 3),
         "roofline_fraction": round(roofline_ms / ms_per_token, 3),
+        # against the plain layout's read speed alone, as this benchmark measured before column panels existed
+        "roofline_fraction_plain_read": round(1e3 * weights_bytes / (bandwidth.best_by_layout()["plain"] * 1e9)
+                                              / ms_per_token, 3),
         "verify_cost": costs["panels"],
         "verify_cost_plain_layout": costs["plain"],
         "verify_cost_statistic": f"median time of GPT2Model.logits scoring n new tokens / scoring 1, after "
