@@ -7,6 +7,7 @@ fastest a single-row product (x[1, k] @ W[k, n], the operation a decode step is 
 matrix here, plain or in column panels, measured in the same run. Prints one JSON object as its last line.
 
     python bench/decode.py [--n_tokens 64] [--repeats 3] [--skip_hf]
+    python bench/decode.py --model teach-target --skip_hf     # a model folder under --models_dir instead
 
 ms_per_token is the median of the individual decode steps (each: logits of the newest token from the cache,
 then argmax), over --repeats runs of --n_tokens - 1 steps after a prompt of --prompt_len tokens and one warm-up
@@ -48,11 +49,11 @@ def parse_args():
     parser.add_argument("--prompt_len", type=int, default=8, help="tokens in the random prompt")
     parser.add_argument("--skip_hf", action="store_true", help="skip the transformers comparison")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", help="a model folder under --models_dir (default: GPT-2 124M-shaped random weights)")
+    parser.add_argument("--models_dir", default=str(Path(__file__).resolve().parents[1] / "models"))
     args = parser.parse_args()
     if args.n_tokens < 1 or args.repeats < 1 or args.prompt_len < 1:
         parser.error("--n_tokens, --repeats and --prompt_len must be positive")
-    if args.prompt_len + args.n_tokens + 5 > HPARAMS_124M["n_ctx"]:
-        parser.error(f"--prompt_len + --n_tokens must be at most {HPARAMS_124M['n_ctx'] - 5}")
     return args
 
 
@@ -161,7 +162,8 @@ def greedy_decode(model, prompt, n_tokens):
 
 
 def verify_costs(models, prefix, repeats, block_lengths):
-    """What a model call scoring n new tokens costs, in calls scoring 1, after the same prefix, for each model.
+    """What a model call scoring n new tokens costs, in calls scoring 1, after the same prefix, for each model;
+    and each model's one-token call in milliseconds.
 
     Each call goes through GPT2Model.logits as speculative sampling's calls do, rolling the cache back to
     the prefix first. The calls of all models and lengths are interleaved, so that load from other jobs
@@ -180,8 +182,34 @@ def verify_costs(models, prefix, repeats, block_lengths):
                 seconds = forward(model, n)
                 if round_:
                     times[name, n].append(seconds)
-    return {name: {n: round(statistics.median(times[name, n]) / statistics.median(times[name, 1]), 3)
-                   for n in lengths} for name in models}
+    costs = {name: {n: round(statistics.median(times[name, n]) / statistics.median(times[name, 1]), 3)
+                    for n in lengths} for name in models}
+    return costs, {name: round(1e3 * statistics.median(times[name, 1]), 3) for name in models}
+
+
+class ProductsTime:
+    """A decode step's matrix products alone: one row through every ColumnPanels of the model, no attention,
+    layer norms or other NumPy calls. Sampled beside each decode run, like the bandwidth."""
+
+    def __init__(self, model):
+        self.weights = [block[group][layer]["w"] for block in model.params["blocks"]
+                        for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj"))]
+        self.weights.append(model.unembedding)
+        self.rows = {n_in: np.ones((1, n_in), np.float32) for n_in in {w.shape[0] for w in self.weights}}
+        self.samples = []
+        self.measure(1)  # warm-up
+        self.samples.clear()
+
+    def measure(self, repeats):
+        for _ in range(repeats):
+            self.samples.append(timed(self.all_products)[1])
+
+    def all_products(self):
+        for w in self.weights:
+            self.rows[w.shape[0]] @ w
+
+    def median_ms(self):
+        return 1e3 * statistics.median(self.samples)
 
 
 # ------------------------------------------------------------------------------------ Hugging Face
@@ -242,8 +270,13 @@ def main():
     args = parse_args()
     load_at_start = os.getloadavg()
     rng = np.random.default_rng(args.seed)
-    hparams = HPARAMS_124M
-    params = gpt2.init_params(hparams, rng)
+    if args.model:
+        _, hparams, params = utils.load_encoder_hparams_and_params(args.model, args.models_dir)
+    else:
+        hparams = HPARAMS_124M
+        params = gpt2.init_params(hparams, rng)
+    if args.prompt_len + args.n_tokens + 16 > hparams["n_ctx"]:  # 16: the longest verification block
+        raise SystemExit(f"error: --prompt_len + --n_tokens must be at most {hparams['n_ctx'] - 16}")
     prompt = rng.integers(0, hparams["n_vocab"], size=args.prompt_len).tolist()
     weights_bytes = params_nbytes(params)
     numpy_threads = openblas_threads() or len(os.sched_getaffinity(0))
@@ -252,19 +285,24 @@ def main():
     bandwidth = ReadBandwidth(rng)
     model = gpt2.GPT2Model(params, hparams)  # column panels, the default
     greedy_decode(model, prompt, min(8, args.n_tokens))  # warm-up
+    products = ProductsTime(model)
     steps, tokens = [], None
     for _ in range(args.repeats):  # interleaved, so that load from other jobs hits both alike
         bandwidth.measure(5)
+        products.measure(5)
         tokens, step_seconds = greedy_decode(model, prompt, args.n_tokens)
         steps += step_seconds
     read_gbps = bandwidth.best_gbps()
     plain = gpt2.GPT2Model(params, hparams, panels=False)
-    costs = verify_costs({"panels": model, "plain": plain}, prompt + tokens, 5 * args.repeats, range(1, 17))
+    costs, one_token_ms = verify_costs({"panels": model, "plain": plain}, prompt + tokens, 5 * args.repeats,
+                                       range(1, 17))
+    matmul_ms = products.median_ms()
 
     ms_per_token = median_ms(steps)
     roofline_ms = 1e3 * weights_bytes / (read_gbps * 1e9)
     result = {
-        "benchmark": "greedy decode, GPT-2 124M shape, random weights, float32, batch 1, CPU",
+        "benchmark": f"greedy decode, {args.model or 'GPT-2 124M shape, random weights'}, float32, batch 1, CPU",
+        "hparams": hparams,
         "ms_per_token": round(ms_per_token, 3),
         "ms_per_token_statistic": f"median of {len(steps)} decode steps ({args.repeats} runs x "
                                   f"{args.n_tokens - 1} steps after a {args.prompt_len}-token prompt)",
@@ -281,11 +319,17 @@ def main():
         # against the plain layout's read speed alone, as this benchmark measured before column panels existed
         "roofline_fraction_plain_read": round(1e3 * weights_bytes / (bandwidth.best_by_layout()["plain"] * 1e9)
                                               / ms_per_token, 3),
+        "products_ms": round(matmul_ms, 3),
+        "products_statistic": f"median of {len(products.samples)} (5 before each decode run): one row through "
+                              f"every weight's column panels, the step's matrix products alone",
+        "products_roofline_fraction": round(roofline_ms / matmul_ms, 3),
+        "one_token_call_ms": one_token_ms,
         "verify_cost": costs["panels"],
         "verify_cost_plain_layout": costs["plain"],
         "verify_cost_statistic": f"median time of GPT2Model.logits scoring n new tokens / scoring 1, after "
                                  f"{args.prompt_len + args.n_tokens} cached, {5 * args.repeats} interleaved "
-                                 f"repetitions; plain_layout: GPT2Model(panels=False)",
+                                 f"repetitions; plain_layout: GPT2Model(panels=False); one_token_call_ms: the "
+                                 f"median one-token call of each, interleaved",
     }
     if not args.skip_hf:
         import torch

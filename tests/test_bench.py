@@ -42,9 +42,14 @@ def test_decode_bench_times_the_same_greedy_tokens_as_transformers():
     assert min(step_seconds) > 0 and min(hf_step_seconds) > 0
 
     plain = gpt2.GPT2Model(params, TINY, panels=False)
-    costs = decode.verify_costs({"panels": model, "plain": plain}, prompt + tokens, repeats=3, block_lengths=[2, 5])
-    assert set(costs) == {"panels", "plain"} and all(sorted(curve) == [1, 2, 5] for curve in costs.values())
+    costs, one_token_ms = decode.verify_costs({"panels": model, "plain": plain}, prompt + tokens, repeats=3,
+                                              block_lengths=[2, 5])
+    assert set(costs) == set(one_token_ms) == {"panels", "plain"}
+    assert all(sorted(curve) == [1, 2, 5] for curve in costs.values()) and min(one_token_ms.values()) > 0
     assert costs["panels"][1] == costs["plain"][1] == 1.0 and min(costs["panels"].values()) > 0
+    products = decode.ProductsTime(model)
+    products.measure(3)
+    assert len(products.samples) == 3 and products.median_ms() > 0
 
 
 def gpt2_parameter_count(n_vocab, n_ctx, n_embd, n_layer, **_):
@@ -74,6 +79,16 @@ def test_decode_bench_reads_bandwidth_in_weight_bytes_per_second():
     best = bandwidth.best_by_layout()  # the warm-up sample is left out
     assert best == {name: round(max(samples[1:]), 2) for name, samples in bandwidth.samples.items()}
     assert bandwidth.best_gbps() == max(max(samples[1:]) for samples in bandwidth.samples.values()) > 0
+
+
+def test_decode_bench_runs_on_a_model_folder():
+    command = [sys.executable, str(REPO / "bench" / "decode.py"), "--model", "teach-draft", "--skip_hf",
+               "--repeats", "1", "--n_tokens", "8"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["hparams"]["n_layer"] == 2 and sorted(result["verify_cost"], key=int) == [str(n) for n in range(1, 17)]
+    assert result["model_bytes"]["plain"] == result["weights_bytes"] < result["model_bytes"]["panels"]
 
 
 def test_speculative_bench_reproduces_the_autoregressive_tokens():
