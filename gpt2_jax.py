@@ -19,6 +19,7 @@ and computes in bfloat16 throughout (gpt2.attention casts its float32-masked sco
 """
 
 import collections
+import dataclasses
 import functools
 
 import jax
@@ -98,6 +99,16 @@ def forward(params, cache, tokens, start, n_head):  # [n_seq] -> [n_seq, n_vocab
         return gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start)
 
 
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """forward() for one n_head, equal and hashable by value: sampling_jax's loops take it as a static argument."""
+
+    n_head: int
+
+    def __call__(self, params, cache, tokens, start):  # [n_seq] -> [n_seq, n_vocab], the new cache
+        return forward(params, cache, tokens, start, self.n_head)
+
+
 @functools.partial(jax.jit, static_argnames=("n_head", "n_out"), donate_argnames=("cache",))
 def feed_block(params, cache, tokens, start, first_row, n_head, n_out):
     """Feed a padded block at positions start..; return logits rows first_row.. (n_out of them) and the cache."""
@@ -149,6 +160,7 @@ class JaxGPT2Model:
             raise ValueError(f"unknown dtype {dtype!r} for the JAX backend: choose float32 or bfloat16")
         self.hparams, self.dtype = hparams, dtype
         self.n_vocab, self.n_ctx, self.n_head = hparams["n_vocab"], hparams["n_ctx"], hparams["n_head"]
+        self.device_forward = Forward(self.n_head)  # what sampling_jax's whole-loop decoders run
         # NumPy arrays are copied to the device once; arrays already there (a benchmark's) stay there
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype=COMPUTE_DTYPES[dtype]), params)
         self.reset()
