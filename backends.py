@@ -1,7 +1,8 @@
 """Build a model on the chosen backend: NumPy (always there) or JAX (optional, imported only when asked for).
 
 Both give the same interface (gpt2.GPT2Model's): `logits(x, n_last)`, `reset()`, `n_vocab`, `n_ctx` and
-the seed's `__call__`. JAX's model also has `draft()`, K draft steps in one device call.
+the seed's `__call__`. JAX's model also has `draft()`, K draft steps in one device call, and `decoders`
+gives it sampling_jax's decoders, whose whole loop runs on the device.
 """
 
 import gpt2
@@ -25,3 +26,18 @@ def make_model(params, hparams, backend="numpy", dtype="float32"):
             raise  # a different missing module: not ours to explain
         raise ImportError(JAX_MISSING) from error
     return gpt2_jax.JaxGPT2Model(params, hparams, dtype=dtype)
+
+
+def decoders(model):
+    """The module whose decoders suit model: sampling (the host's loops), or sampling_jax for a JAX model.
+
+    Both have autoregressive_sampling, speculative_sampling and greedy_assisted_generation with the same
+    arguments, tokens and statistics; sampling_jax runs the first two as one device call each.
+    """
+    if hasattr(model, "device_forward"):
+        import sampling_jax
+
+        return sampling_jax
+    import sampling
+
+    return sampling

@@ -221,13 +221,14 @@ def run_decoder(name, prompt_ids, draft, target, encoder, N, K, temperature, top
     stats = sampling.SpeculativeStats()
     rng = np.random.default_rng(seed)
     settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    decoders = backends.decoders(target)  # sampling, or with --backend jax sampling_jax: whole loops on the device
     with progress_bar(name, N) as bar:
         start = time.perf_counter()
         if name == "autoregressive":
-            x = sampling.autoregressive_sampling(prompt_ids, target, N, rng, **settings, stats=stats,
+            x = decoders.autoregressive_sampling(prompt_ids, target, N, rng, **settings, stats=stats,
                                                  progress=bar.update)
         elif name == "speculative":
-            x = sampling.speculative_sampling(prompt_ids, draft, target, N, K, rng, **settings, stats=stats,
+            x = decoders.speculative_sampling(prompt_ids, draft, target, N, K, rng, **settings, stats=stats,
                                               progress=bar.update)
         else:
             x = sampling.greedy_assisted_generation(prompt_ids, draft, target, N, stats=stats, progress=bar.update)
