@@ -116,8 +116,18 @@ def test_gpu_bench_smoke_run_on_the_cpu():
     assert all(entry["ms_per_token"] > 0 and entry["roofline_ms"] > 0 for entry in result["decode"].values())
     assert all(entry["ratio_5_to_1"] > 0 for entry in result["verify"].values())
     assert [row["K"] for row in result["loop_124M_to_1558M_float32"]["by_K"]] == [1, 2, 3, 4, 5, 6, 7]
+    # the device loops (sampling_jax): decode against the roofline, the speculative loop against K, the pair
+    assert all(entry["device_loop_ms_per_token"] > 0 and entry["roofline_fraction_device_loop"] > 0
+               for entry in result["decode"].values())
+    device_loop = result["device_loop_124M_to_1558M_float32"]
+    assert [row["K"] for row in device_loop["by_K"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert all(row["loop_ms"] > 0 and row["loops"] >= 1 and 0 < row["speedup_a0.6"] < row["speedup_a0.8"]
+               for row in device_loop["by_K"])
     runs = [run for key, run in result["bundled_pair"].items() if key.startswith("K")]
-    assert runs and all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
+    assert len(runs) == 8 and sum(key.endswith("_device_loop") for key in result["bundled_pair"]) == 4
+    assert all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
+    assert {"device_loop_speedup_a0.8>=1.6", "bundled_pair_device_loop_best_speedup>=1.5",
+            "roofline_fraction_device_loop>=0.6"} <= set(result["targets"])
     if result["device"]["platform"] == "cpu":
         assert all("skipped" in entry for entry in result["hf"].values())  # transformers is timed on a GPU only
 
