@@ -204,11 +204,12 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
     x, n, T, buffer, n_prompt, rng, stats = prepared(x, N, [draft_model, target_model], rng, stats, K)
     if N == 0:
         return x
+    # (K + 2) N bounds the uniforms used: a loop of k tokens uses at most K + k + 1 <= (K + 2) k; the last
+    # loop's slice of 2 K + 1 may read past them, into padding nobody judges
     out, origins, loops, drafted, accepted, draft_model.cache, target_model.cache = speculative_loop(
         draft_model.device_forward, draft_model.params, draft_model.cache, target_model.device_forward,
         target_model.params, target_model.cache, buffer, np.int32(n), np.int32(T),
         uniforms_from(rng, (K + 2) * N + 2 * K + 1), n_prompt=n_prompt, K=K, settings=astuple(settings))
-    # (K + 2) N bounds the uniforms used: a loop of k tokens uses at most K + k + 1 <= (K + 2) k; the rest pads
     out = np.asarray(out)[:T].astype(np.int64)
     target_model.cached_tokens, draft_model.cached_tokens = out[:T - 1], out[:max(T - 2, 0)]
     loops, drafted = int(loops), int(drafted)

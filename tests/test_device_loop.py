@@ -100,8 +100,11 @@ class TableForward:
         return table[tokens], cache
 
 
-def table_runs(uniforms, settings, K=2, decoder="speculative"):
-    """The device loop run once per row of uniforms (vmapped): -> the generated tokens [n_runs, N_TOKENS]."""
+def table_runs(uniforms, settings, K=2, decoder="speculative", counters=False):
+    """The device loop run once per row of uniforms (vmapped): -> the generated tokens [n_runs, N_TOKENS].
+
+    counters: also the speculative loop's own loops, drafted and accepted, each [n_runs].
+    """
     n, T = len(PROMPT), len(PROMPT) + N_TOKENS
     x = np.zeros(64 + K + 1, np.int32)
     x[:n] = PROMPT
@@ -109,11 +112,12 @@ def table_runs(uniforms, settings, K=2, decoder="speculative"):
     static = (settings.temperature, settings.top_k, settings.top_p)
     if decoder == "speculative":  # the un-jitted loop, so that a patched rule is traced afresh
         loop = lambda u: sampling_jax.speculative_loop.__wrapped__(
-            TableForward(), draft, (), TableForward(), target, (), x, n, T, u, n_prompt=n, K=K, settings=static)[0]
+            TableForward(), draft, (), TableForward(), target, (), x, n, T, u, n_prompt=n, K=K, settings=static)[:5]
     else:
         loop = lambda u: sampling_jax.autoregressive_loop.__wrapped__(TableForward(), target, (), x, n, T, u,
-                                                                      n_prompt=n, settings=static)[0]
-    return np.asarray(jax.jit(jax.vmap(loop))(uniforms))[:, n:T]
+                                                                      n_prompt=n, settings=static)[:1]
+    outputs = [np.asarray(output) for output in jax.jit(jax.vmap(loop))(uniforms)]
+    return (outputs[0][:, n:T], *outputs[2:]) if counters else outputs[0][:, n:T]
 
 
 def uniforms(n_runs, K=2, seed=0):
@@ -160,12 +164,19 @@ def test_resampling_from_q_instead_of_max_fn_is_caught(monkeypatch, many_uniform
 def test_device_draws_equal_the_hosts_given_the_same_uniforms(name):
     """Run i of the device, fed Generator i's uniforms, generates what sampling.py generates with Generator i."""
     kwargs = EXACTNESS_SETTINGS[name]
-    device = table_runs(uniforms(300, seed=1), sampling.SamplingSettings(**kwargs))
+    device, loops, drafted, accepted = table_runs(uniforms(300, seed=1), sampling.SamplingSettings(**kwargs),
+                                                  counters=True)
     draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
-    host = np.array([sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, np.random.default_rng([1, i]),
-                                                   **kwargs)[len(PROMPT):] for i in range(300)])
+    host, host_stats = [], []
+    for i in range(300):
+        host_stats.append(sampling.SpeculativeStats())
+        host.append(sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, np.random.default_rng([1, i]),
+                                                  **kwargs, stats=host_stats[-1])[len(PROMPT):])
     assert len({tuple(row) for row in host}) >= 8  # varied draws, not one sequence
-    np.testing.assert_array_equal(device, host)
+    np.testing.assert_array_equal(device, np.array(host))
+    for name, counts in (("loops", loops), ("drafted", drafted), ("accepted", accepted)):  # the device's counters
+        np.testing.assert_array_equal(counts, [getattr(stats, name) for stats in host_stats], err_msg=name)
+    assert 0 < accepted.sum() < drafted.sum()
 
 
 # ------------------------------------------------------------------------------------------ main.py
