@@ -319,16 +319,23 @@ def print_report(result, stats, decode, use_colour):
               "judged (a loop stops at its first rejection)")
         print(f"  acceptance rate alpha {fmt(run['acceptance_rate'], '.3f')} = accepted / (accepted + rejected), "
               f"Leviathan et al.'s alpha; {fmt(run['tokens_per_target_call'], '.2f')} tokens per target call")
-        print(f"  {run['draft_calls']} draft calls; {run['draft_seconds']:.3f} s in the draft, {run['target_seconds']:.3f} s "
-              f"in the target (cost ratio {fmt(run['cost_ratio'], '.3f')})")
+        if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
+            print(f"  {run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop "
+                  "runs in one device call), so there is no cost ratio")
+        else:
+            print(f"  {run['draft_calls']} draft calls; {run['draft_seconds']:.3f} s in the draft, "
+                  f"{run['target_seconds']:.3f} s in the target (cost ratio {run['cost_ratio']:.3f})")
         if run["speedup"] is None:
             measured = "speedup not measured (add autoregressive to --decoder to measure it)"
         else:
             low, high = run["speedup_range"]
             measured = (f"speedup {run['speedup']:.2f}x measured (median of {result['repeats']} paired runs, "
                         f"{low:.2f}-{high:.2f}x)")
-        print(f"  {measured}; {fmt(run['expected_speedup'], '.2f')}x expected by the formula from alpha and the cost "
-              "ratio, if a target call cost one decode step")
+        if run["expected_speedup"] is None:
+            print(f"  {measured}")
+        else:
+            print(f"  {measured}; {run['expected_speedup']:.2f}x expected by the formula from alpha and the cost "
+                  "ratio, if a target call cost one decode step")
 
 
 # ---- the command line --------------------------------------------------------------------------
