@@ -196,9 +196,12 @@ def device_loop_seconds(model, prompt, N, repeats):
 
 
 def device_loop_ms_per_token(model, prompt, n_tokens, repeats):
-    """Seconds per token of the device loop, the prompt's pass and the call's fixed costs subtracted."""
+    """Seconds per token of the device loop, the prompt's pass and the call's fixed costs subtracted (a call
+    for n_tokens against one for 2). Where timing noise swamps that difference (tiny models on a CPU), the
+    whole call's seconds per token instead, an upper bound, so that the figure is never zero or negative."""
     long, short = (device_loop_seconds(model, prompt, N, 2 * repeats) for N in (n_tokens, 2))
-    return max(long - short, 0.0) / (n_tokens - 2)
+    per_token = (long - short) / (n_tokens - 2) if n_tokens > 2 else 0.0
+    return per_token if per_token > 0 else long / n_tokens
 
 
 def verify_report(model, prompt, repeats):
