@@ -1,8 +1,8 @@
 """Build a model on the chosen backend: NumPy (always there) or JAX (optional, imported only when asked for).
 
 Both give the same interface (gpt2.GPT2Model's): `logits(x, n_last)`, `reset()`, `n_vocab`, `n_ctx` and
-the `__call__` of jaymody/speculative-sampling's model contract. JAX's model also has `draft()`, K draft steps in one device call, and `decoders`
-gives it sampling_jax's decoders, whose whole loop runs on the device.
+the `__call__` of jaymody/speculative-sampling's model contract. JAX's model also has `draft()`, K draft
+steps in one device call, and `decoders` gives it sampling_jax's decoders, whose whole loop runs on the device.
 """
 
 import gpt2

@@ -326,5 +326,5 @@ class GPT2Model:
         self.cached_tokens = x
         return logits[-n_last:]
 
-    def __call__(self, x):  # the simple contract of jaymody/speculative-sampling: probabilities for every position, [n_seq, n_vocab]
+    def __call__(self, x):  # jaymody/speculative-sampling's contract: probabilities for every position
         return softmax(self.logits(x, n_last=len(x)))

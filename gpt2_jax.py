@@ -1,7 +1,7 @@
 """GPT-2 on JAX: gpt2.py's forward pass run by jax.numpy under jax.jit, the weights on the device.
 
-`JaxGPT2Model` has GPT2Model's interface (`logits(x, n_last)`, jaymody/speculative-sampling's `__call__`, `reset`, `n_vocab`,
-`n_ctx`), so the sampling algorithms use it unchanged. What makes it fast on an accelerator:
+`JaxGPT2Model` has GPT2Model's interface (`logits(x, n_last)`, jaymody/speculative-sampling's `__call__`,
+`reset`, `n_vocab`, `n_ctx`), so the sampling algorithms use it unchanged. What makes it fast on an accelerator:
 
 - The weights are copied to the device once. The KV cache lives there too, as static-shape buffers of
   n_ctx positions per layer (gpt2.empty_cache); the jitted step donates them, so XLA updates them in
@@ -178,7 +178,7 @@ class JaxGPT2Model:
         rows, offset = self._feed(x, n_last)
         return np.asarray(rows)[offset:offset + n_last]
 
-    def __call__(self, x):  # jaymody/speculative-sampling's contract: probabilities for every position, [n_seq, n_vocab]
+    def __call__(self, x):  # jaymody/speculative-sampling's contract: probabilities for every position
         x = self._check_tokens(x)  # first: an empty or 0-d x gets this message, not n_last's or a TypeError
         return gpt2.softmax(self.logits(x, n_last=len(x)))
 

@@ -26,8 +26,9 @@ all the mass on the argmax, ties going to the lowest id. Drafts are drawn from e
 enters the ratio q/p, and `sample` never returns a token of probability zero.
 
 Randomness comes only from `rng`, one uniform number per decision, so the same seed gives the same
-tokens: a numpy Generator, or as with numpy.random.default_rng an int seed or None (fresh entropy). Pass a `SpeculativeStats` as `stats` to read the counters and timers of
-a run; pass `progress`, a function of the number of new tokens, to follow it (e.g. tqdm's update).
+tokens: a numpy Generator, or as with numpy.random.default_rng an int seed or None (fresh entropy).
+Pass a `SpeculativeStats` as `stats` to read the counters and timers of a run; pass `progress`, a function
+of the number of new tokens, to follow it (e.g. tqdm's update).
 """
 
 import math
