@@ -132,14 +132,25 @@ def test_gpu_bench_smoke_run_on_the_cpu():
         assert all("skipped" in entry for entry in result["hf"].values())  # transformers is timed on a GPU only
 
 
-def test_pair_bench_runs_on_the_held_out_sample():
+@pytest.mark.parametrize("temperature", [0, 1])
+def test_pair_bench_runs_on_the_held_out_sample(temperature):
     command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--n_prompts", "2", "--n_tokens", "16", "--K", "1,4", "--perplexity_tokens", "200"]
+               "--n_prompts", "3", "--n_tokens", "16", "--K", "1,4", "--perplexity_tokens", "200",
+               "--temperature", str(temperature)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert [row["K"] for row in result["by_K"]] == [1, 4]
+    assert [row["K"] for row in result["by_K"]] == [1, 4] and result["temperature"] == temperature
     for row in result["by_K"]:
         assert 0 <= row["acceptance_rate"] <= 1 and row["speedup"] > 0
         assert row["speedup"] == pytest.approx(row["autoregressive_seconds"] / row["seconds"])
+        low, high = row["speedup_range"]
+        assert low <= row["median_speedup"] <= high
+        assert row["verify_steps"] == pytest.approx(row["verify_ms"] / row["target_step_ms"])
+        # the formula with verification at one target step is the textbook expected_speedup
+        if row["K"] == 1 and row["acceptance_rate"] < 1:
+            a, c = row["acceptance_rate"], row["draft_over_target_step"]
+            assert row["formula_speedup_if_verify_cost_one_step"] == pytest.approx((1 + a) / (c + 1), rel=0.05)
+    best = max(result["by_K"], key=lambda row: row["median_speedup"])
+    assert (result["best_K"], result["best_median_speedup"]) == (best["K"], best["median_speedup"])
     assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
