@@ -18,9 +18,9 @@ where possible. `python main.py --help` lists the flags.
 
 import os
 
-# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, a second OpenBLAS
-# thread made a GPT-2 124M decode step 22% faster when idle, 1.7x slower with one other busy process (README).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import blas_env
+
+blas_env.configure()  # one OpenBLAS thread, and its AVX-512 kernels where it would miss them: before NumPy loads
 
 import inspect
 import json as jsonlib
