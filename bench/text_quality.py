@@ -19,21 +19,18 @@ Prints one JSON object as its last line.
 
 import os
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kit's modules, from any directory
-import blas_env  # noqa: E402
-
-blas_env.configure()  # one OpenBLAS thread, and its AVX-512 kernels where it would miss them: before NumPy loads
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/pair.py: one BLAS thread on a shared machine
 
 import argparse
 import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
 import sampling  # noqa: E402
 import utils  # noqa: E402

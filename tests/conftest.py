@@ -1,13 +1,10 @@
 """Shared test setup. Under CI=true a skipped test fails: parity tests must run there."""
 
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kit's modules
-import blas_env  # noqa: E402
-
-blas_env.configure()  # as main.py: before any test imports NumPy; subprocesses inherit it
+# One BLAS thread, as main.py uses (set before any test imports numpy; subprocesses inherit it)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest
 

@@ -24,10 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kit's modules, from any directory
-import blas_env  # noqa: E402
-
-blas_env.configure()  # as main.py, before NumPy loads; the notebooks' kernels inherit it
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels inherit it: one BLAS thread, as main.py uses
 
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
@@ -36,6 +33,7 @@ from nbclient import NotebookClient
 from PIL import Image  # a dependency of matplotlib
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: find tf_checkpoint.py
 from tf_checkpoint import write_atomically  # noqa: E402
 
 NOTEBOOKS_DIR = REPO / "notebooks"
