@@ -71,21 +71,26 @@ def cpu_model():
 
 
 def blas_info():
-    """NumPy's BLAS as numpy.show_config reports it, plus its live thread count where it can be read."""
+    """NumPy's BLAS as numpy.show_config reports it, plus the kernels and thread count it runs with, where
+    they can be read, and the environment's OPENBLAS_CORETYPE (which overrides OpenBLAS's own choice)."""
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
     info = {key: blas.get(key) for key in ("name", "version", "openblas configuration")}
-    info["threads"] = openblas_threads()
+    core = openblas_call("get_corename", ctypes.c_char_p)
+    info["kernels"] = core.decode() if core else None  # which CPU's kernels OpenBLAS runs
+    info["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
+    info["threads"] = openblas_call("get_num_threads", ctypes.c_int)
     return info
 
 
-def openblas_threads():
-    """The thread count of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
+def openblas_call(name, restype):
+    """openblas_<name>() of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
     for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
         handle = ctypes.CDLL(library)
-        for symbol in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
-                       "openblas_get_num_threads64_", "openblas_get_num_threads"):
+        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}"):
             if hasattr(handle, symbol):
-                return int(getattr(handle, symbol)())
+                function = getattr(handle, symbol)
+                function.restype = restype
+                return function()
     return None
 
 
@@ -279,7 +284,7 @@ def main():
         raise SystemExit(f"error: --prompt_len + --n_tokens must be at most {hparams['n_ctx'] - 16}")
     prompt = rng.integers(0, hparams["n_vocab"], size=args.prompt_len).tolist()
     weights_bytes = params_nbytes(params)
-    numpy_threads = openblas_threads() or len(os.sched_getaffinity(0))
+    numpy_threads = openblas_call("get_num_threads", ctypes.c_int) or len(os.sched_getaffinity(0))
 
     # NumPy first: torch's OpenMP threads can keep spinning after it returns and steal the two cores.
     bandwidth = ReadBandwidth(rng)
