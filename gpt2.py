@@ -262,17 +262,20 @@ class ColumnPanels:
 def rows_to_feed(m):
     """How many rows to multiply the panels with to get m: some counts cost less than fewer rows.
 
-    Over GPT-2 124M's panels on our CPU, m rows cost (in single-row steps, two runs of 15 repeats):
+    Over GPT-2 124M's panels on an AMD EPYC with AVX2 (OpenBLAS's Haswell kernels, one thread), m rows
+    cost (in single-row steps, two runs of 15 repeats):
 
         m      1     2     3     4     5     6     7     8     9    10    11    12
         cost  1.00  0.94  1.19  1.28  1.54  1.11  1.46  1.49  1.72  1.72  2.51  2.30
               1.00  1.02  1.32  1.39  1.70  1.21  1.61  1.64  1.74  1.79  2.63  2.41
 
-    One row goes through OpenBLAS's matrix-vector path, which reads panels slower than its matrix path
-    reads two rows; and six rows cost less than three, four or five. So one row is fed as two, three to
-    five as six (the blocks speculative sampling scores for K = 2 to 5); the padding's results are dropped.
+    so three to five rows are fed as six (the blocks speculative sampling scores for K = 2 to 5; the
+    padding's results are dropped), which an AMD Zen 5 with OpenBLAS's AVX-512 kernels confirms (5 rows:
+    1.51 as they are, 1.27 as six). One row goes alone: on the AVX2 EPYC two rows cost less than one
+    (0.75 against 0.96 of a plain row), but on the Zen 5 made to run the Haswell kernels (README, Speed)
+    two rows cost 2.1-2.4 plain rows and one row alone 0.95, so padding one row is a gamble we do not take.
     """
-    return 2 if m == 1 else 6 if 3 <= m <= 5 else m
+    return 6 if 3 <= m <= 5 else m
 
 
 def in_panels(params):
