@@ -18,9 +18,9 @@ where possible. `python main.py --help` lists the flags.
 
 import os
 
-import blas_env
-
-blas_env.configure()  # one OpenBLAS thread, and its AVX-512 kernels where it would miss them: before NumPy loads
+# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, a second OpenBLAS
+# thread made a GPT-2 124M decode step 22% faster when idle, 1.7x slower with one other busy process (README).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import inspect
 import json as jsonlib
@@ -37,6 +37,9 @@ import utils
 from encoder import get_encoder
 
 DECODERS = ("autoregressive", "speculative", "assisted")
+# The bundled pair's first run: code it writes with accepted stretches and corrections (alpha about 0.7 at
+# K=4, temperature 0), where prompts into its loops accept nearly everything and teach nothing
+DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 # every flag of main(), with what its value looks like and what it does (--help prints these)
 FLAG_HELP = {
@@ -65,7 +68,7 @@ LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus
 RESET = "\x1b[0m"
 
 
-def main(prompt="The :mod:`json` module", n_tokens_to_generate=64, draft_model_size="teach-draft",
+def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach-draft",
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0, seed=123,
          decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32"):

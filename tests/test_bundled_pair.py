@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import gpt2
+import main
 import sampling
 import utils
 from conftest import REPO
@@ -15,11 +16,11 @@ MODELS = REPO / "models"
 HELD_OUT = REPO / "tests" / "fixtures" / "heldout_sample.txt"  # two held-out documents (PSF licence)
 # Recorded when the pair was committed (models/README.md); a regression in loading or in the forward
 # pass moves these numbers.
-TARGET_PERPLEXITY_AT_MOST = 199.0  # measured 198.02
-DRAFT_PERPLEXITY_AT_MOST = 202.5  # measured 201.44
-PROMPT = "The :mod:`json` module"  # main.py's default prompt
-GREEDY_CONTINUATION = [13, 220, 441, 1051, 364, 527, 13, 220, 439, 310, 435, 306, 396, 25, 489, 306, 396, 25, 489, 306,
-                       396, 25, 489, 306, 396, 25, 489, 306, 396, 25, 489, 306]
+TARGET_PERPLEXITY_AT_MOST = 91.0  # measured 90.48
+DRAFT_PERPLEXITY_AT_MOST = 121.5  # measured 120.93
+PROMPT = main.DEFAULT_PROMPT
+GREEDY_CONTINUATION = [435, 434, 430, 62, 406, 363, 294, 503, 1482, 82, 13, 389, 380, 667, 855, 755, 393, 11, 500, 363, 285,
+                       503, 1482, 82, 13, 546, 1398, 2404, 294, 380, 667, 855]
 
 
 @pytest.fixture(scope="module")
