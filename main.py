@@ -37,6 +37,8 @@ import utils
 from encoder import get_encoder
 
 DECODERS = ("autoregressive", "speculative", "assisted")
+# OpenBLAS's x86 kernels for AVX-512 (its OPENBLAS_CORETYPE names)
+AVX512_CORETYPES = ("skylakex", "cooperlake", "sapphirerapids")
 # The bundled pair's first run: code it writes with accepted stretches and corrections (alpha about 0.7 at
 # K=4, temperature 0), where prompts into its loops accept nearly everything and teach nothing
 DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
@@ -99,6 +101,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     draft = backends.make_model(draft_params, draft_hparams, backend, dtype)
     target = backends.make_model(target_params, target_hparams, backend, dtype)
     explain_backend(backend, dtype)
+    explain_blas_kernels(backend)
 
     run = lambda name: run_decoder(name, prompt_ids, draft, target, encoder, n_tokens_to_generate, K, temperature,
                                    top_k, top_p, seed)
@@ -142,6 +145,22 @@ def explain_backend(backend, dtype):
     if dtype == "bfloat16" and jax.default_backend() == "cpu":
         print("note: bfloat16 is emulated on CPUs: slower than float32, and its rounding can change the text "
               "(and so the speedup) from float32's", file=sys.stderr)
+
+
+def explain_blas_kernels(backend, cpuinfo_path="/proc/cpuinfo"):
+    """One line on stderr where the environment pins OpenBLAS to kernels older than the CPU (README, Speed)."""
+    coretype = os.environ.get("OPENBLAS_CORETYPE", "")
+    if backend != "numpy" or not coretype or coretype.lower() in AVX512_CORETYPES:
+        return
+    try:
+        with open(cpuinfo_path) as f:
+            has_avx512 = "avx512f" in next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return
+    if has_avx512:
+        print(f"note: OPENBLAS_CORETYPE={coretype} makes NumPy's OpenBLAS run pre-AVX-512 kernels on this AVX-512 CPU; "
+              "with them scoring K+1 tokens can cost 2-3 decode steps, and speculative decoding gains little. "
+              "`env -u OPENBLAS_CORETYPE python main.py` lets OpenBLAS choose", file=sys.stderr)
 
 
 # ---- checks, before anything is loaded -------------------------------------------------------

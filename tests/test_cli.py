@@ -329,3 +329,23 @@ def test_the_readme_lists_every_flag():
     flag_list = readme[readme.index("Flags: "):]
     flag_list = flag_list[:flag_list.index("\n\n")]
     assert set(main.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
+
+
+@pytest.mark.parametrize("coretype, flags, backend, noted", [
+    ("Haswell", "fpu avx2 fma avx512f avx512bw", "numpy", True),  # pinned below what the CPU has
+    ("SkylakeX", "fpu avx2 fma avx512f avx512bw", "numpy", False),  # AVX-512 kernels already
+    (None, "fpu avx2 fma avx512f avx512bw", "numpy", False),  # OpenBLAS chooses for itself
+    ("Haswell", "fpu avx2 fma", "numpy", False),  # the CPU has no AVX-512: Haswell is its best
+    ("Haswell", "fpu avx2 fma avx512f avx512bw", "jax", False),  # JAX does not use OpenBLAS
+])
+def test_a_note_when_the_environment_pins_openblas_below_the_cpu(monkeypatch, capsys, tmp_path, coretype, flags,
+                                                                  backend, noted):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    if coretype:
+        monkeypatch.setenv("OPENBLAS_CORETYPE", coretype)
+    main.explain_blas_kernels(backend, cpuinfo)
+    err = capsys.readouterr().err
+    assert ("note: OPENBLAS_CORETYPE=Haswell" in err and "env -u OPENBLAS_CORETYPE" in err) is noted
+    assert noted or err == ""
