@@ -228,8 +228,8 @@ class ColumnPanels:
     copies ("packs") the whole right-hand matrix before a product of several rows, and a layer's weight
     matrix does not fit in cache, so with a plain layout scoring m = 2 to 16 new tokens costs 3-4 times
     one token: packing, not arithmetic. One np.matmul over a stack of panels packs each panel while it
-    is in cache. Measured on our CPU (OpenBLAS's Haswell kernels, one thread) over GPT-2 124M's weight
-    shapes, as multiples of a plain single-row step (bench/decode.py measures the whole model):
+    is in cache. Measured on an AMD EPYC with AVX2 (OpenBLAS's Haswell kernels, one thread) over GPT-2
+    124M's weight shapes, as multiples of a plain single-row step (bench/decode.py measures the whole model):
 
         rows m          1     2     3     4     5     8
         plain          1.00  2.5-2.7  2.8  2.5  2.9-3.1  3.1-3.5
@@ -238,7 +238,10 @@ class ColumnPanels:
         panels of 64   1.09  0.70  0.92  0.75  0.96  1.59
 
     Sixteen-wide panels cost more for every block, 64-wide ones are slow on one row and on eight (what
-    K = 7 scores); 32 is the best all round.
+    K = 7 scores); 32 is the best all round. On an AMD Zen 5 with OpenBLAS's AVX-512 kernels, the whole
+    124M model fed its rows as they are: 16 wide 1.86 at 5 rows, 1.58 at 6, 2.03 at 8; 32 wide 1.37,
+    1.14, 1.40; 64 wide 1.10, 1.41, 1.43. There 64 wins at five rows, but rows_to_feed gives three to
+    five as six, where 32 wins, so 32 it stays. (With the Haswell kernels on that CPU no width helps.)
     """
 
     __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__ instead of trying to convert us

@@ -103,6 +103,7 @@ def test_when_it_pays_notebook_measures_every_K():
     checks = checks_of(executed("5_when_it_pays.ipynb"))
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
+    assert checks["verify_cost_K4_plain"] > 0
 
 
 # ---------------------------------------------------------------- the committed copies
