@@ -255,10 +255,10 @@ class ColumnPanels:
         self.shape, self.dtype, self.nbytes = w.shape, self.panels.dtype, self.panels.nbytes
 
     def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
-        m = len(x)
-        rows = np.zeros((rows_to_feed(m), x.shape[1]), x.dtype)  # zero rows pad the block, see rows_to_feed
-        rows[:m] = x
-        out = np.matmul(rows, self.panels)  # [n_panels, rows, width], each panel packed while it is in cache
+        m, n_rows = len(x), rows_to_feed(len(x))
+        if n_rows > m:  # zero rows pad the block, see rows_to_feed
+            x = np.concatenate([x, np.zeros((n_rows - m, x.shape[1]), x.dtype)])
+        out = np.matmul(x, self.panels)  # [n_panels, n_rows, width], each panel packed while it is in cache
         return out[:, :m].transpose(1, 0, 2).reshape(m, -1)[:, :self.n_out]
 
 

@@ -284,7 +284,8 @@ def main():
         raise SystemExit(f"error: --prompt_len + --n_tokens must be at most {hparams['n_ctx'] - 16}")
     prompt = rng.integers(0, hparams["n_vocab"], size=args.prompt_len).tolist()
     weights_bytes = params_nbytes(params)
-    numpy_threads = openblas_call("get_num_threads", ctypes.c_int) or len(os.sched_getaffinity(0))
+    blas = blas_info()
+    numpy_threads = blas["threads"] or len(os.sched_getaffinity(0))
 
     # NumPy first: torch's OpenMP threads can keep spinning after it returns and steal the two cores.
     bandwidth = ReadBandwidth(rng)
@@ -356,7 +357,7 @@ def main():
                              "verify_cost[8]<=1.6": costs["panels"][8] <= 1.6,
                              "roofline_fraction>=0.85": result["roofline_fraction"] >= 0.85}
     result["machine"] = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "numpy": np.__version__,
-                         "numpy_threads": numpy_threads, "blas": blas_info(), "python": platform.python_version(),
+                         "numpy_threads": numpy_threads, "blas": blas, "python": platform.python_version(),
                          "load_average_1_5_15min_at_start": load_at_start,
                          "load_average_1_5_15min_at_end": os.getloadavg()}
     print(json.dumps(result))
