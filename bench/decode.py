@@ -23,8 +23,6 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
-import ctypes
-import glob
 import json
 import platform
 import statistics
@@ -37,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
 import utils  # noqa: E402
+from bench.machine import blas_info, cpu_model  # noqa: E402
 
 HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 
@@ -55,43 +54,6 @@ def parse_args():
     if args.n_tokens < 1 or args.repeats < 1 or args.prompt_len < 1:
         parser.error("--n_tokens, --repeats and --prompt_len must be positive")
     return args
-
-
-# -------------------------------------------------------------------------------------------- machine
-
-
-def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def blas_info():
-    """NumPy's BLAS as numpy.show_config reports it, plus the kernels and thread count it runs with, where
-    they can be read, and the environment's OPENBLAS_CORETYPE (which overrides OpenBLAS's own choice)."""
-    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    info = {key: blas.get(key) for key in ("name", "version", "openblas configuration")}
-    core = openblas_call("get_corename", ctypes.c_char_p)
-    info["kernels"] = core.decode() if core else None  # which CPU's kernels OpenBLAS runs
-    info["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
-    info["threads"] = openblas_call("get_num_threads", ctypes.c_int)
-    return info
-
-
-def openblas_call(name, restype):
-    """openblas_<name>() of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
-    for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
-        handle = ctypes.CDLL(library)
-        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}"):
-            if hasattr(handle, symbol):
-                function = getattr(handle, symbol)
-                function.restype = restype
-                return function()
-    return None
 
 
 # ------------------------------------------------------------------------------------------ measures

@@ -26,7 +26,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
 import sampling  # noqa: E402
 import utils  # noqa: E402
+from bench.machine import blas_info, cpu_model  # noqa: E402
 
 
 def parse_args():
@@ -114,8 +114,8 @@ def main():
     best = max(result["by_K"], key=lambda row: row["median_speedup"])
     result.update(best_K=best["K"], best_median_speedup=best["median_speedup"],
                   acceptance_rate_K4=next((r["acceptance_rate"] for r in result["by_K"] if r["K"] == 4), None),
-                  machine={"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                           "numpy": np.__version__, "load_average": os.getloadavg()})
+                  machine={"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas_info(),
+                           "load_average": os.getloadavg()})
     print(json.dumps(result))
 
 

@@ -154,3 +154,16 @@ def test_pair_bench_runs_on_the_held_out_sample(temperature):
     best = max(result["by_K"], key=lambda row: row["median_speedup"])
     assert (result["best_K"], result["best_median_speedup"]) == (best["K"], best["median_speedup"])
     assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
+    assert result["machine"]["cpu"] and result["machine"]["blas"]["name"]  # what the speed depends on
+
+
+def test_machine_names_the_cpu_family(tmp_path):
+    """'AMD EPYC' alone is both the Zen 3 and the Zen 5 these figures were taken on: the family tells them apart."""
+    machine = load_bench("machine")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\n")
+    assert machine.cpu_model(cpuinfo) == "AMD EPYC (family 25, model 1)"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
+    assert machine.cpu_model(cpuinfo) == "Some ARM core"
+    assert machine.cpu_model(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, never an error

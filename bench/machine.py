@@ -1,0 +1,52 @@
+"""What a benchmark ran on: the CPU (with its family, which the model name alone may not say) and NumPy's BLAS.
+
+Speed on the CPU depends on both: the same code verifies K + 1 tokens at about one decode step's price on
+one CPU and at two on another (README, Speed), so every result records them.
+"""
+
+import ctypes
+import glob
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+
+def cpu_model(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's model name, with its family and model numbers where /proc/cpuinfo gives them."""
+    fields = {}
+    try:
+        for line in Path(cpuinfo_path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown"
+    name = fields.get("model name") or platform.processor() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+def blas_info():
+    """NumPy's BLAS as numpy.show_config reports it, plus the kernels and thread count it runs with, where
+    they can be read, and the environment's OPENBLAS_CORETYPE (which overrides OpenBLAS's own choice)."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    info = {key: blas.get(key) for key in ("name", "version", "openblas configuration")}
+    core = openblas_call("get_corename", ctypes.c_char_p)
+    info["kernels"] = core.decode() if core else None  # which CPU's kernels OpenBLAS runs
+    info["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
+    info["threads"] = openblas_call("get_num_threads", ctypes.c_int)
+    return info
+
+
+def openblas_call(name, restype):
+    """openblas_<name>() of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
+    for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
+        handle = ctypes.CDLL(library)
+        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}"):
+            if hasattr(handle, symbol):
+                function = getattr(handle, symbol)
+                function.restype = restype
+                return function()
+    return None
