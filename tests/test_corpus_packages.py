@@ -242,3 +242,20 @@ def test_the_committed_manifest_matches_the_pins_and_the_rules():
     assert not [path for path in package_files if corpus_packages.is_test_path(path)]
     for split in ["train", "heldout"]:
         assert all(build_corpus.is_heldout(name, 50) == (split == "heldout") for name in manifest["documents"][split])
+
+
+def test_a_build_says_how_it_differs_from_the_recorded_one():
+    """Stale package lists once installed an older python3.11-doc: the build names it and the cure."""
+    from tools import build_corpus
+
+    recorded = json.loads((REPO / "models" / "corpus_manifest.json").read_text(encoding="utf-8"))
+    assert build_corpus.differences_from_record(recorded, recorded) == []
+    older = json.loads(json.dumps(recorded))
+    older["sources"][0].update(debian_package="python3.11-doc 3.11.2-6+deb12u8", bytes=11_046_319)
+    older["outputs"]["train.txt"].update(bytes=84_036_466, sha256="405b14bb")
+    older["sources"] = [source for source in older["sources"] if source["name"] != "pypi-xarray"]
+    lines = build_corpus.differences_from_record(older, recorded)
+    assert lines[0] == ("python-docs: debian_package python3.11-doc 3.11.2-6+deb12u8 (recorded: python3.11-doc "
+                        "3.11.2-6+deb12u9), bytes 11046319 (recorded: 11048275)")
+    assert "pypi-xarray: not in this build" in lines
+    assert lines[-1] == "for the recorded documentation: apt-get update && apt-get install -y python3.11-doc"

@@ -38,6 +38,7 @@ DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 OUT_DIR = REPO / "build" / "corpus"
 DOWNLOAD_DIR = REPO / "build" / "downloads"
+RECORDED_MANIFEST = REPO / "models" / "corpus_manifest.json"  # the build the bundled pair was trained on
 # The docs are ~11 MB; 8 MB of library code brings the corpus to ~19 MB, in the 15-25 MB range that
 # a small pair can learn from in a CPU training budget. The docs hold many code examples already,
 # so this keeps the mix close to half prose, half code, with English the larger part because the
@@ -197,6 +198,30 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
     return manifest
 
 
+def differences_from_record(manifest, recorded):
+    """What makes this build's outputs differ from the recorded build's, one line per source; [] when they match.
+
+    The documentation comes from whatever python3.11-doc the machine's package lists offer: stale lists
+    install an older revision (one was 1,956 bytes shorter), hence the hint.
+    """
+    if manifest["outputs"] == recorded["outputs"]:
+        return []
+    fields = ("debian_package", "python", "version", "files", "bytes")
+    recorded_sources = {source["name"]: source for source in recorded["sources"]}
+    lines = []
+    for source in manifest["sources"]:
+        before = recorded_sources.get(source["name"], {})
+        changed = [f"{field} {source.get(field)} (recorded: {before.get(field)})" for field in fields
+                   if field in source and source.get(field) != before.get(field)]
+        if changed:
+            lines.append(f"{source['name']}: " + ", ".join(changed))
+    built = {source["name"] for source in manifest["sources"]}
+    lines += [f"{name}: not in this build" for name in sorted(recorded_sources.keys() - built)]
+    if any("debian_package" in line for line in lines):
+        lines.append("for the recorded documentation: apt-get update && apt-get install -y python3.11-doc")
+    return lines or ["the same sources, yet other outputs"]
+
+
 def chosen_packages(spec):
     """'pinned' (all of PINNED), 'none', or comma-separated names from PINNED."""
     if spec == "pinned":
@@ -228,6 +253,10 @@ def main(argv=None):
         print(f"{source['name']}: {source['files']} files, {source['bytes']:,} bytes ({source['licence']})")
     for name, record in manifest["outputs"].items():
         print(f"{args.out_dir / name}: {record['documents']} documents, {record['bytes']:,} bytes")
+    if RECORDED_MANIFEST.exists():
+        differences = differences_from_record(manifest, json.loads(RECORDED_MANIFEST.read_text(encoding="utf-8")))
+        print("the same bytes as the recorded build (models/corpus_manifest.json)" if not differences else
+              "differs from the recorded build (models/corpus_manifest.json):\n  " + "\n  ".join(differences))
 
 
 if __name__ == "__main__":
