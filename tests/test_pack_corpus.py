@@ -112,3 +112,9 @@ def test_the_model_cards_accelerator_commands_use_existing_flags():
     assert commands["train_pair"]["batch_size"] == "64" and commands["train_pair"]["lr"] == "1.5e-3"
     assert int(commands["train_pair"]["steps"]) >= 1600
     assert commands["distill_draft"]["steps"] == "800" and commands["distill_draft"]["n_layer"] == "2"
+    # the corpus is packed with the vocabulary train_bpe.py has just written where it writes by default
+    from tools import train_bpe
+
+    assert "python tools/train_bpe.py  " in section
+    packed_with = re.search(r"python tools/pack_corpus\.py --bpe_dir (\S+)", section).group(1)
+    assert packed_with == f"build/bpe{train_bpe.VOCAB_SIZE}"
