@@ -241,7 +241,9 @@ class ColumnPanels:
     K = 7 scores); 32 is the best all round. On an AMD Zen 5 with OpenBLAS's AVX-512 kernels, the whole
     124M model fed its rows as they are: 16 wide 1.86 at 5 rows, 1.58 at 6, 2.03 at 8; 32 wide 1.37,
     1.14, 1.40; 64 wide 1.10, 1.41, 1.43. There 64 wins at five rows, but rows_to_feed gives three to
-    five as six, where 32 wins, so 32 it stays. (With the Haswell kernels on that CPU no width helps.)
+    five as six, where 32 wins, so 32 it stays. (With the Haswell kernels on that CPU no width helps.) On
+    an AMD Zen 3, whose own kernels are Haswell's, 32-wide panels help less: the whole model costs 2.2
+    single rows at 5 rows (plain 2.7-3.0) and 2.0 at 8 (2.6-2.7), and a single row 8-14% more than plain.
     """
 
     __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__ instead of trying to convert us
