@@ -208,16 +208,17 @@ def differences_from_record(manifest, recorded):
         return []
     fields = ("debian_package", "python", "version", "files", "bytes")
     recorded_sources = {source["name"]: source for source in recorded["sources"]}
-    lines = []
+    lines, other_debian_package = [], False
     for source in manifest["sources"]:
         before = recorded_sources.get(source["name"], {})
-        changed = [f"{field} {source.get(field)} (recorded: {before.get(field)})" for field in fields
-                   if field in source and source.get(field) != before.get(field)]
+        changed = [field for field in fields if field in source and source[field] != before.get(field)]
         if changed:
-            lines.append(f"{source['name']}: " + ", ".join(changed))
+            lines.append(f"{source['name']}: " + ", ".join(f"{field} {source[field]} (recorded: {before.get(field)})"
+                                                           for field in changed))
+        other_debian_package |= "debian_package" in changed
     built = {source["name"] for source in manifest["sources"]}
     lines += [f"{name}: not in this build" for name in sorted(recorded_sources.keys() - built)]
-    if any("debian_package" in line for line in lines):
+    if other_debian_package:
         lines.append("for the recorded documentation: apt-get update && apt-get install -y python3.11-doc")
     return lines or ["the same sources, yet other outputs"]
 
