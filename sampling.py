@@ -196,16 +196,18 @@ def expected_tokens_per_loop(a, K):
     return K + 1 if a == 1 else (1 - a ** (K + 1)) / (1 - a)
 
 
-def expected_speedup(a, c, K):
-    """Leviathan et al.'s expected speedup over autoregressive decoding.
+def expected_speedup(a, c, K, v=1.0):
+    """Leviathan et al.'s expected speedup over autoregressive decoding, with the verification's real cost.
 
-    a: acceptance rate, c: cost of a draft call / cost of a target call, K: drafts per loop. A loop
-    costs K draft calls and one target call, K c + 1 target-call units, and yields
-    expected_tokens_per_loop(a, K) tokens, where autoregressive decoding yields one per unit.
+    a: acceptance rate; c: a draft step's cost in target *decode steps* (one token after a cached prefix);
+    K: drafts per loop; v: what the target's call scoring the K + 1 positions costs, in decode steps.
+    A loop costs K c + v decode steps and yields expected_tokens_per_loop(a, K) tokens, where
+    autoregressive decoding yields one token per step. v = 1 is the paper's idealisation (verification
+    as cheap as one step, true on an accelerator); on a CPU it is often 1.2 to 3 (costs.py measures it).
     """
-    if not 0 <= a <= 1 or c < 0 or K < 0:
-        raise ValueError(f"expected_speedup needs 0 <= a <= 1, c >= 0, K >= 0; got a={a}, c={c}, K={K}")
-    return expected_tokens_per_loop(a, K) / (K * c + 1)
+    if not 0 <= a <= 1 or c < 0 or K < 0 or v <= 0:
+        raise ValueError(f"expected_speedup needs 0 <= a <= 1, c >= 0, K >= 0, v > 0; got a={a}, c={c}, K={K}, v={v}")
+    return expected_tokens_per_loop(a, K) / (K * c + v)
 
 
 @dataclass
@@ -222,6 +224,9 @@ class SpeculativeStats:
     accepted: int = 0
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
+    # the target's decode step (one token after a cached prefix), measured apart from this run by whoever
+    # knows it (costs.measure_costs, or an autoregressive run): the unit of the cost ratio and of verify_steps
+    decode_step_seconds: float = None
     # per new token: "target" (autoregressive), "accepted" (a draft), "corrected" (resampled after a
     # rejection) or "bonus" (the extra token after all K drafts were accepted)
     origins: list = field(default_factory=list)
@@ -274,14 +279,35 @@ class SpeculativeStats:
         return self.generated / self.target_calls if self.target_calls else None
 
     @property
-    def cost_ratio(self):  # c: mean draft call time / mean target call time
-        if not (self.draft_calls and self.target_calls and self.target_seconds > 0):
+    def draft_step_seconds(self):  # a draft step in this run (a lookup, for a draft that is not a model)
+        return self.draft_seconds / self.draft_calls if self.draft_calls else None
+
+    @property
+    def verify_seconds(self):  # a target call in this run: in a speculative run, the scoring of K + 1 positions
+        return self.target_seconds / self.target_calls if self.target_calls else None
+
+    @property
+    def cost_ratio(self):  # Leviathan et al.'s c: a draft step / a target decode step
+        if self.draft_step_seconds is None or not self.decode_step_seconds:
             return None
-        return (self.draft_seconds / self.draft_calls) / (self.target_seconds / self.target_calls)
+        return self.draft_step_seconds / self.decode_step_seconds
+
+    @property
+    def verify_steps(self):  # v: a target call of this run, in decode steps (about v(K + 1) of costs.py)
+        if self.verify_seconds is None or not self.decode_step_seconds:
+            return None
+        return self.verify_seconds / self.decode_step_seconds
 
     @property
     def expected_speedup(self):
-        """The formula's speedup from this run's acceptance rate, cost ratio and mean drafts per loop."""
+        """The formula's speedup from this run's alpha, drafts per loop, c and measured verification cost."""
+        if self.acceptance_rate is None or self.cost_ratio is None:
+            return None
+        return expected_speedup(self.acceptance_rate, self.cost_ratio, self.drafted / self.loops, self.verify_steps)
+
+    @property
+    def expected_speedup_one_step(self):
+        """The same with verification at one decode step's price (v = 1), the paper's idealisation."""
         if self.acceptance_rate is None or self.cost_ratio is None:
             return None
         return expected_speedup(self.acceptance_rate, self.cost_ratio, self.drafted / self.loops)
@@ -289,7 +315,8 @@ class SpeculativeStats:
     def as_dict(self):
         names = ["loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "target_seconds",
                  "draft_seconds", "generated", "acceptance_rate", "accepted_per_loop", "tokens_per_target_call",
-                 "cost_ratio", "expected_speedup"]
+                 "decode_step_seconds", "draft_step_seconds", "verify_seconds", "cost_ratio", "verify_steps",
+                 "expected_speedup", "expected_speedup_one_step"]
         return {name: getattr(self, name) for name in names}
 
 
@@ -301,13 +328,17 @@ def timed_probs(model, x, n_last, settings, stats, role):
     return probs
 
 
-def draw_drafts(draft_model, x, K, settings, rng, stats):  # -> drafts [K], p [K, n_vocab]
+def draw_drafts(draft_model, x, K, settings, rng, stats):  # -> drafts [K_n <= K], p [K_n, n_vocab]
     """K tokens drawn auto-regressively from the draft model, with the distributions p they came from.
 
     A model with a `draft` method (the JAX model) takes all K steps in one device call, drawing each
     token by inverse CDF from the uniform numbers we give it; the others take one call per token.
     Either way every drafted token is drawn from exactly the row of p that enters the ratio q/p.
+    A draft with a `propose` method (drafts.py: prompt lookup, K chosen by costs) proposes at most K
+    tokens itself, with their p, and records its own time: it may propose fewer, or none.
     """
+    if hasattr(draft_model, "propose"):
+        return draft_model.propose(x, K, settings, rng, stats)
     if hasattr(draft_model, "draft") and K > 0:
         start = time.perf_counter()
         # the model reads the uniforms as float32, where values this close to 1 would round up to 1
@@ -391,9 +422,10 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
         # most T - n tokens, so nothing is wasted or trimmed and no position passes T - 1.
         K_n = min(K, T - n - 1)
         stats.loops += 1
-        stats.drafted += K_n
         # for t = 1 : K, sample draft x~_t ~ p(x | x_1..x_n, x~_1..x~_{t-1}) auto-regressively
         drafts, p = draw_drafts(draft_model, x, K_n, settings, rng, stats)
+        K_n = len(drafts)  # a draft that is not a model may propose fewer (drafts.py); none makes a plain step
+        stats.drafted += K_n
         x_draft = np.append(x, drafts)
         # in parallel, the K + 1 distributions q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K): one call
         q = timed_probs(target_model, x_draft, K_n + 1, settings, stats, "target")
@@ -413,7 +445,7 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
         else:  # all K drafts accepted: sample an extra token from q(x | x_1..x_n, x~_1..x~_K)
             x = np.append(x, sample(q[K_n], rng))
             n += 1
-            stats.record_tokens("bonus")
+            stats.record_tokens("bonus" if K_n else "target")  # with no drafts, the target's own step
         progress(n - n_loop_start)
     return x
 
@@ -434,8 +466,9 @@ def greedy_assisted_generation(x, draft_model, target_model, N, K=5, *, stats=No
     while n < T:
         K_n = min(K, T - n - 1)  # as in speculative_sampling: never past T
         stats.loops += 1
-        stats.drafted += K_n
         drafts, _ = draw_drafts(draft_model, x, K_n, GREEDY, rng, stats)  # the draft's greedy continuation
+        K_n = len(drafts)  # a draft that is not a model may propose fewer
+        stats.drafted += K_n
         x_draft = np.append(x, drafts)
         q = timed_probs(target_model, x_draft, K_n + 1, GREEDY, stats, "target")
         target_choice = np.argmax(q, axis=-1)  # the target's greedy token after x and after each draft
@@ -444,7 +477,7 @@ def greedy_assisted_generation(x, draft_model, target_model, N, K=5, *, stats=No
         x = np.append(x, target_choice[:matches + 1])  # the matching drafts, then the target's own token
         n += matches + 1
         stats.record_tokens("accepted", matches)
-        stats.record_tokens("bonus" if matches == K_n else "corrected")
+        stats.record_tokens("corrected" if matches < K_n else "bonus" if K_n else "target")
         progress(matches + 1)
         K = K + 2 if matches == K_n else max(1, K - 1)
     return x

@@ -141,7 +141,8 @@ def speculative_loop(draft_forward, draft_params, draft_cache, target_forward, t
         n_uniforms = K_n + jnp.where(rejected, m + 1, K_n)  # drafts' and r's uniforms used so far
         token = sample_inverse_cdf(final, u[n_uniforms]).astype(x.dtype)
         x = x_draft.at[n + m].set(token)
-        codes = jnp.where(jnp.arange(K + 1) < m, 1, jnp.where(rejected, 2, 3)).astype(origins.dtype)
+        # accepted, then corrected or bonus; a loop with no room for drafts (the last) is a plain target step
+        codes = jnp.where(jnp.arange(K + 1) < m, 1, jnp.where(rejected, 2, jnp.where(K_n > 0, 3, 0))).astype(origins.dtype)
         origins = lax.dynamic_update_slice_in_dim(origins, codes, n, 0)  # past n + m: rewritten later
         return (x, n + m + 1, i + n_uniforms + 1, draft_cache, target_cache, origins, loops + 1, drafted + K_n,
                 accepted + m)

@@ -141,8 +141,12 @@ def test_expected_speedup_formula():
     assert sampling.expected_speedup(1.0, 0.1, 4) == pytest.approx(5 / 1.4)
     assert sampling.expected_speedup(0.8, 0.05, 4) == pytest.approx((1 + 0.8 + 0.64 + 0.512 + 0.4096) / 1.2)
     assert sampling.expected_tokens_per_loop(0.5, 3) == pytest.approx(1.875)
-    with pytest.raises(ValueError):
-        sampling.expected_speedup(1.2, 0.1, 4)
+    # a verification costing v decode steps replaces the idealised 1 in the loop's cost K c + v
+    assert sampling.expected_speedup(0.8, 0.05, 4, v=2.0) == pytest.approx((1 + 0.8 + 0.64 + 0.512 + 0.4096) / 2.2)
+    assert sampling.expected_speedup(0.0, 0.0, 0, v=1.0) == 1.0  # no drafts: a plain step
+    for bad in [(1.2, 0.1, 4), (0.5, -0.1, 4), (0.5, 0.1, -1), (0.5, 0.1, 4, 0.0)]:
+        with pytest.raises(ValueError):
+            sampling.expected_speedup(*bad)
 
 
 # ---- decoders: contracts, caches, statistics ---------------------------------------------------
@@ -191,12 +195,20 @@ def test_cached_target_is_called_once_per_loop_and_rolls_back_exactly(pair_param
     assert max(length for length, _ in target.calls) <= T - 1  # nothing scored past T
     assert 0 < stats.accepted < stats.drafted and target.calls_after_rollback > 5  # rejections happened
     assert stats.generated == N and stats.tokens_per_target_call == N / stats.target_calls
-    origins = {origin: stats.origins.count(origin) for origin in ["accepted", "corrected", "bonus"]}
+    origins = {origin: stats.origins.count(origin) for origin in ["accepted", "corrected", "bonus", "target"]}
     assert origins["accepted"] == stats.accepted and sum(origins.values()) == N
-    assert origins["corrected"] + origins["bonus"] == stats.loops  # each loop ends with one target token
-    assert stats.draft_seconds > 0 and stats.target_seconds > 0 and stats.cost_ratio > 0
+    # each loop ends with one target token; a last loop with no room for drafts is a plain step
+    assert origins["corrected"] + origins["bonus"] + origins["target"] == stats.loops and origins["target"] <= 1
+    assert stats.draft_seconds > 0 and stats.target_seconds > 0
+    assert stats.cost_ratio is None and stats.expected_speedup is None  # no decode step to measure c against
+    stats.decode_step_seconds = 0.5 * stats.verify_seconds  # as if a decode step cost half a verification
+    assert stats.cost_ratio == pytest.approx(stats.draft_seconds / stats.draft_calls / stats.decode_step_seconds)
+    assert stats.verify_steps == pytest.approx(2.0)
+    mean_K = stats.drafted / stats.loops
     assert stats.expected_speedup == pytest.approx(
-        sampling.expected_speedup(stats.acceptance_rate, stats.cost_ratio, stats.drafted / stats.loops))
+        sampling.expected_speedup(stats.acceptance_rate, stats.cost_ratio, mean_K, v=2.0))
+    assert stats.expected_speedup_one_step == pytest.approx(
+        sampling.expected_speedup(stats.acceptance_rate, stats.cost_ratio, mean_K))
 
 
 def test_cached_target_is_called_once_per_loop_in_assisted_generation_too(pair_params):
@@ -380,3 +392,29 @@ def test_bad_decoder_inputs_are_refused_before_any_model_call(call, message):
     with pytest.raises(ValueError, match=message):
         call(draft, target)
     assert draft.calls == target.calls == []
+
+
+class ShortProposer:
+    """A draft with `propose`: loop i proposes lengths[i % len(lengths)] tokens (at most K) of a draft table."""
+
+    def __init__(self, table, lengths):
+        self.model, self.lengths, self.n_vocab, self.calls = TableModel(table), lengths, len(table), 0
+
+    def propose(self, x, K, settings, rng, stats):
+        K_n = min(K, self.lengths[self.calls % len(self.lengths)])
+        self.calls += 1
+        return sampling.draw_drafts(self.model, x, K_n, settings, rng, stats)
+
+
+def test_a_draft_may_propose_fewer_than_K_tokens_or_none():
+    draft, target = ShortProposer(DRAFT_TABLE, [0, 2, 4, 1]), TableModel(TARGET_TABLE)
+    stats = sampling.SpeculativeStats()
+    out = sampling.speculative_sampling([0, 1], draft, target, 60, 4, np.random.default_rng(0), stats=stats)
+    assert len(out) == 62 and stats.generated == 60
+    assert stats.drafted == stats.draft_calls < 4 * stats.loops  # the loops judged what was proposed
+    assert stats.origins.count("target") > 0  # a loop with no drafts is a plain step of the target
+    assert stats.origins.count("corrected") + stats.origins.count("bonus") + stats.origins.count("target") == stats.loops
+    greedy = sampling.autoregressive_sampling([0, 1], target, 60, temperature=0)
+    for decoder in (lambda: sampling.speculative_sampling([0, 1], draft, target, 60, 4, temperature=0),
+                    lambda: sampling.greedy_assisted_generation([0, 1], draft, target, 60, K=4)):
+        np.testing.assert_array_equal(decoder(), greedy)
