@@ -292,6 +292,12 @@ def in_panels(params):
     return params
 
 
+def fast_layout(params):
+    """The weights as GPT2Model multiplies them: -> (params with every linear weight in the fast layout, the
+    tied output projection wte.T in it too). Built once; the plain params stay the reference."""
+    return in_panels(params), ColumnPanels(params["wte"].T)  # [n_embd, n_vocab]
+
+
 class GPT2Model:
     """A GPT-2 that remembers what it has already read.
 
@@ -310,8 +316,7 @@ class GPT2Model:
         if panels:  # the same numbers in column panels, built once (see ColumnPanels). For GPT-2 124M they
             # take 1.31x the float32 weights: they replace the linear weights, wte stays for the embedding
             # lookup, and wte.T is panelled too for the tied output projection
-            self.params = in_panels(params)
-            self.unembedding = ColumnPanels(params["wte"].T)  # [n_embd, n_vocab]
+            self.params, self.unembedding = fast_layout(params)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 
