@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import batched_sampling
 import sampling
 from gpt2_jax import bucket_size, probabilities, sample_inverse_cdf
 from sampling import greedy_assisted_generation  # noqa: F401  (the host's loop, see above)
@@ -227,3 +228,112 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
 
 def astuple(settings):  # hashable, for jit's static arguments, in probabilities' argument order
     return (settings.temperature, settings.top_k, settings.top_p)
+
+
+# ---------------------------------------------------------------------------- several sequences at once
+# The loops above, vmapped over rows: each row has its own cache, token buffer, n, T and uniforms (drawn
+# from its own Generator, as the batch-1 decoders draw them); the parameters are shared, so every step
+# multiplies all the rows by one read of the weights. Under vmap a while_loop runs until every row is
+# done: a finished row's steps are still computed, and discarded.
+
+
+@functools.partial(jax.jit, static_argnames=("forward", "n_prompt", "settings"), donate_argnames=("cache",))
+def batched_autoregressive_loop(forward, params, cache, x, n, T, uniforms, n_prompt, settings):
+    """autoregressive_loop over rows: cache, x [B, buffer], n [B], T [B], uniforms [B, ...] -> (x, cache)."""
+    row = lambda cache, x, n, T, u: autoregressive_loop(forward, params, cache, x, n, T, u, n_prompt=n_prompt,
+                                                        settings=settings)
+    return jax.vmap(row)(cache, x, n, T, uniforms)
+
+
+@functools.partial(jax.jit, static_argnames=("draft_forward", "target_forward", "n_prompt", "K", "settings"),
+                   donate_argnames=("draft_cache", "target_cache"))
+def batched_speculative_loop(draft_forward, draft_params, draft_cache, target_forward, target_params, target_cache,
+                             x, n, T, uniforms, n_prompt, K, settings):
+    """speculative_loop over rows: -> (x, origins, loops, drafted, accepted, caches), each with a row axis."""
+    row = lambda draft_cache, target_cache, x, n, T, u: speculative_loop(
+        draft_forward, draft_params, draft_cache, target_forward, target_params, target_cache, x, n, T, u,
+        n_prompt=n_prompt, K=K, settings=settings)
+    return jax.vmap(row)(draft_cache, target_cache, x, n, T, uniforms)
+
+
+def batched_prepared(xs, N, models, rngs, stats, K=0):
+    """batched_sampling.prepare_rows' checks, then the device's inputs: (x, T, buffers, n_prompt, rngs, stats)."""
+    x, T, rngs, stats, _ = batched_sampling.prepare_rows(xs, N, models, rngs, stats, None)
+    n_ctx = min(model.n_ctx for model in models)
+    if K + 1 > n_ctx:
+        raise ValueError(f"K + 1 = {K + 1} positions to score exceed the model's context of {n_ctx}")
+    buffers = np.zeros((len(x), n_ctx + K + 1), np.int32)  # as `prepared`, one row per sequence
+    for buffer, row in zip(buffers, x):
+        buffer[:len(row)] = row
+    # the longest prompt's bucket: a shorter row feeds some padding too, rewritten before it is read
+    return x, T, buffers, bucket_size(max(len(row) for row in x), n_ctx), rngs, stats
+
+
+def batched_cache(model, batch_size):  # n_layer x ([B, n_head, n_ctx, head_dim] x 2), allocated once per batch
+    return [tuple(jnp.zeros((batch_size, *buffer.shape), buffer.dtype) for buffer in layer) for layer in model.cache]
+
+
+def batched_uniforms(rngs, counts):  # -> [B, the longest padded count]: uniforms_from for each row's Generator
+    rows = [uniforms_from(rng, int(count)) for rng, count in zip(rngs, counts)]
+    stacked = np.zeros((len(rows), max(len(row) for row in rows)), np.float32)
+    for i, row in enumerate(rows):
+        stacked[i, :len(row)] = row
+    return stacked
+
+
+def batched_autoregressive_sampling(xs, model, N, rngs=None, *, temperature=1.0, top_k=0, top_p=1.0, stats=None,
+                                    progress=None):
+    """batched_sampling.autoregressive_sampling with the loop on the device: row i gives the tokens and counts
+    autoregressive_sampling gives with row i's Generator. -> a list of int64 arrays, one per row."""
+    settings = sampling.SamplingSettings(temperature, top_k, top_p)
+    x, T, buffers, n_prompt, rngs, stats = batched_prepared(xs, N, [model], rngs, stats)
+    n = np.array([len(row) for row in x], np.int32)
+    N_rows = np.array(T) - n
+    if not N_rows.any():
+        return x
+    out, _ = batched_autoregressive_loop(model.device_forward, model.params, batched_cache(model, len(x)), buffers,
+                                         n, np.array(T, np.int32), batched_uniforms(rngs, N_rows), n_prompt=n_prompt,
+                                         settings=astuple(settings))
+    stats.target_calls += int(N_rows.max())  # vmapped steps, each scoring every row
+    for i, row_stats in enumerate(stats.rows):
+        row_stats.target_calls += int(N_rows[i])
+        row_stats.record_tokens("target", int(N_rows[i]))
+    if progress:
+        progress(int(N_rows.sum()))
+    return [np.asarray(row)[:T_i].astype(np.int64) for row, T_i in zip(out, T)]
+
+
+def batched_speculative_sampling(xs, draft_model, target_model, N, K, rngs=None, *, temperature=1.0, top_k=0,
+                                 top_p=1.0, stats=None, progress=None):
+    """batched_sampling.speculative_sampling with the loop on the device: row i gives the tokens and counts
+    speculative_sampling gives with row i's Generator. -> a list of int64 arrays, one per row.
+
+    The batch's loops and target calls are the vmapped loop's iterations (the most any row needed); the
+    device does not count the batch's draft steps (draft_calls is None) nor time its calls.
+    """
+    settings = sampling.SamplingSettings(temperature, top_k, top_p)
+    sampling.check_K(K)
+    x, T, buffers, n_prompt, rngs, stats = batched_prepared(xs, N, [draft_model, target_model], rngs, stats, K)
+    n = np.array([len(row) for row in x], np.int32)
+    N_rows = np.array(T) - n
+    if not N_rows.any():
+        return x
+    out, origins, loops, drafted, accepted, _, _ = batched_speculative_loop(
+        draft_model.device_forward, draft_model.params, batched_cache(draft_model, len(x)),
+        target_model.device_forward, target_model.params, batched_cache(target_model, len(x)), buffers, n,
+        np.array(T, np.int32), batched_uniforms(rngs, np.where(N_rows > 0, (K + 2) * N_rows + 2 * K + 1, 0)),
+        n_prompt=n_prompt, K=K, settings=astuple(settings))
+    loops, drafted, origins = np.asarray(loops), np.asarray(drafted), np.asarray(origins)
+    stats.loops += int(loops.max())
+    stats.target_calls += int(loops.max())
+    stats.draft_calls = None
+    for i, row_stats in enumerate(stats.rows):
+        row_stats.loops += int(loops[i])
+        row_stats.target_calls += int(loops[i])
+        row_stats.drafted += int(drafted[i])
+        row_stats.draft_calls += int(drafted[i])
+        for code in origins[i, n[i]:T[i]]:
+            row_stats.record_tokens(ORIGINS[code])
+    if progress:
+        progress(int(N_rows.sum()))
+    return [np.asarray(row)[:T_i].astype(np.int64) for row, T_i in zip(out, T)]
