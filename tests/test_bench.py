@@ -1,7 +1,7 @@
 """The benchmarks still run and still measure what they claim, on tiny models (their speed is never tested:
 bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
-bench/speculative.py runs end to end on a tiny random pair, bench/pair.py on the bundled pair and the
-held-out sample, and bench/gpu.py in its --small mode on the CPU.
+bench/speculative.py runs end to end on a tiny random pair, bench/pair.py and bench/batch.py on the bundled
+pair and the held-out sample, and bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU.
 """
 
 import importlib.util
@@ -167,3 +167,41 @@ def test_machine_names_the_cpu_family(tmp_path):
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
     assert machine.cpu_model(cpuinfo) == "Some ARM core"
     assert machine.cpu_model(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, never an error
+
+
+def run_batch_bench(*args):
+    completed = subprocess.run([sys.executable, str(REPO / "bench" / "batch.py"), *args], capture_output=True,
+                               text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = completed.stdout.strip().splitlines()
+    return json.loads(lines[-1]), lines[:-1]
+
+
+def test_batch_bench_reports_every_batch_size_on_the_bundled_pair():
+    result, progress = run_batch_bench("--batch_sizes", "1,3", "--n_tokens", "8", "--prompt_tokens", "8",
+                                       "--repeats", "2", "--K", "3")
+    assert result["batch_sizes"] == [1, 3] and len(progress) == 2 * 2  # a line per batch size and repeat
+    rows = result["by_batch_size"]
+    for key in ("autoregressive_tokens_per_s", "speculative_tokens_per_s", "speedup"):
+        assert result[key] == [row[key]["median"] for row in rows]  # the medians, beside their ranges
+        assert all(row[key]["range"][0] <= row[key]["median"] <= row[key]["range"][1] for row in rows)
+    assert result["autoregressive_gain_over_first"][0] == 1
+    for row in rows:
+        assert 0 <= row["acceptance_rate"] <= 1 and row["loops"] >= 8 / 4 and row["row_loops"] >= row["loops"]
+        assert row["verify_steps"] == pytest.approx(row["verify_ms"] / row["target_step_ms"])
+        assert row["draft_over_target_step"] == pytest.approx(row["draft_step_ms"] / row["target_step_ms"])
+        assert row["formula_speedup"] > 0
+    assert rows[1]["tokens_per_loop_per_row"] == pytest.approx(3 * 8 / (3 * rows[1]["loops"]))
+    assert result["device"]["cpu"] and result["device"]["blas"]["name"]  # what the speed depends on
+
+
+def test_batch_bench_smoke_run_of_the_device_loops_on_the_cpu():
+    """bench/batch.py --backend jax is for a lent GPU: it must not reach one broken."""
+    pytest.importorskip("jax")
+    result, _ = run_batch_bench("--backend", "jax", "--small", "--batch_sizes", "2", "--n_tokens", "8",
+                                "--prompt_tokens", "8", "--repeats", "1")
+    assert result["batch_sizes"] == [2] and result["device"]["platform"]
+    (row,) = result["by_batch_size"]
+    assert min(result["autoregressive_tokens_per_s"] + result["speculative_tokens_per_s"]) > 0
+    assert row["loop_steps"] == pytest.approx(row["loop_ms"] / row["step_ms"])
+    assert 0 < row["expected_speedup_a0.6"] < row["expected_speedup_a0.8"]
