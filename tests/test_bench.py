@@ -135,26 +135,53 @@ def test_gpu_bench_smoke_run_on_the_cpu():
 @pytest.mark.parametrize("temperature", [0, 1])
 def test_pair_bench_runs_on_the_held_out_sample(temperature):
     command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--n_prompts", "3", "--n_tokens", "16", "--K", "1,4", "--perplexity_tokens", "200",
+               "--n_prompts", "3", "--n_tokens", "16", "--K", "1,4,auto", "--perplexity_tokens", "200",
                "--temperature", str(temperature)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert [row["K"] for row in result["by_K"]] == [1, 4] and result["temperature"] == temperature
+    assert [row["K"] for row in result["by_K"]] == [1, 4, "auto"] and result["temperature"] == temperature
     for row in result["by_K"]:
-        assert 0 <= row["acceptance_rate"] <= 1 and row["speedup"] > 0
-        assert row["speedup"] == pytest.approx(row["autoregressive_seconds"] / row["seconds"])
-        low, high = row["speedup_range"]
+        assert 0 <= row["acceptance_rate"] <= 1 and row["median_speedup"] > 0
+        low, high = row["speedup_range"]["min"], row["speedup_range"]["max"]
         assert low <= row["median_speedup"] <= high
-        assert row["verify_steps"] == pytest.approx(row["verify_ms"] / row["target_step_ms"])
-        # the formula with verification at one target step is the textbook expected_speedup
-        if row["K"] == 1 and row["acceptance_rate"] < 1:
-            a, c = row["acceptance_rate"], row["draft_over_target_step"]
-            assert row["formula_speedup_if_verify_cost_one_step"] == pytest.approx((1 + a) / (c + 1), rel=0.05)
-    best = max(result["by_K"], key=lambda row: row["median_speedup"])
+        assert row["verify_steps"] == pytest.approx(row["verify_ms"] / row["decode_step_ms"])
+        assert row["cost_ratio"] == pytest.approx(row["draft_step_ms"] / row["decode_step_ms"])
+        assert row["median_measured_over_expected"] > 0
+        assert sum(row["accepted_length_counts"]) > 0
+    auto = result["by_K"][-1]
+    assert sum(auto["K_chosen_counts"].values()) > 0 and all(0 <= int(K) <= 12 for K in auto["K_chosen_counts"])
+    best = max(result["by_K"][:2], key=lambda row: row["median_speedup"])
     assert (result["best_K"], result["best_median_speedup"]) == (best["K"], best["median_speedup"])
+    assert result["auto_over_best_fixed"] == pytest.approx(auto["median_speedup"] / best["median_speedup"])
+    assert len(result["costs"]["verify_steps"]) == 16 and result["costs"]["cost_ratio"] > 0
     assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
     assert result["machine"]["cpu"] and result["machine"]["blas"]["name"]  # what the speed depends on
+
+
+def test_pair_bench_takes_prompt_lookup_as_the_draft():
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
+               "--draft", "prompt-lookup", "--n_prompts", "2", "--n_tokens", "16", "--K", "2,auto",
+               "--perplexity_tokens", "100"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["draft"] == "prompt-lookup" and result["draft_perplexity"] is None
+    assert result["costs"]["draft_step_seconds"] == 0
+    assert all(0 <= row["median_copied_fraction"] <= 1 for row in result["by_K"])
+
+
+def test_lookup_bench_reports_copying_beside_speed():
+    command = [sys.executable, str(REPO / "bench" / "lookup.py"), "--n_prompts", "2", "--n_tokens", "12", "--K", "3",
+               "--draft", ""]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert list(result["by_draft"]) == ["prompt-lookup"] and result["n_prompts"] == 2
+    (row,) = result["by_draft"]["prompt-lookup"]
+    assert row["K"] == 3 and row["median_speedup"] > 0 and len(row["accepted_length_counts"]) <= 4
+    assert 0 <= row["median_copied_fraction"] <= 1 and 0 <= row["median_function_reproduced"] <= 1
+    assert result["sample"]["prompt"].count("def ") >= 2  # the function, then its first lines again
 
 
 def test_machine_names_the_cpu_family(tmp_path):
