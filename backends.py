@@ -2,7 +2,7 @@
 
 Both give the same interface (gpt2.GPT2Model's): `logits(x, n_last)`, `reset()`, `n_vocab`, `n_ctx` and
 the `__call__` of jaymody/speculative-sampling's model contract. JAX's model also has `draft()`, K draft
-steps in one device call, and `decoders` gives it sampling_jax's decoders, whose whole loop runs on the device.
+steps in one device call, and `decoders` gives a JAX pair sampling_jax's decoders, whose whole loop runs on the device.
 """
 
 import gpt2
@@ -28,13 +28,16 @@ def make_model(params, hparams, backend="numpy", dtype="float32"):
     return gpt2_jax.JaxGPT2Model(params, hparams, dtype=dtype)
 
 
-def decoders(model):
-    """The module whose decoders suit model: sampling (the host's loops), or sampling_jax for a JAX model.
+def decoders(target, draft=None):
+    """The module whose decoders suit the models: sampling (the host's loops), or sampling_jax when the target
+    and the draft (if any) are both JAX models.
 
     Both have autoregressive_sampling, speculative_sampling and greedy_assisted_generation with the same
-    arguments, tokens and statistics; sampling_jax runs the first two as one device call each.
+    arguments, tokens and statistics; sampling_jax runs the first two as one device call each. A draft that
+    is not a JAX model (prompt lookup, costs.AutoK) drafts on the host: then the host's loop calls the JAX
+    target as it calls any model.
     """
-    if hasattr(model, "device_forward"):
+    if hasattr(target, "device_forward") and (draft is None or hasattr(draft, "device_forward")):
         import sampling_jax
 
         return sampling_jax

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+import layouts
+
 GELU_SCALE = math.sqrt(2 / math.pi)  # a Python float on purpose, see the module docstring
 MASKED = -1e10  # added to the attention scores of positions a query may not see
 
@@ -59,7 +61,7 @@ def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
 
 
 def linear(x, w, b):  # [m, n_in] @ [n_in, n_out] + [n_out] -> [m, n_out]
-    return x @ w + b  # w: an array, or the same matrix as ColumnPanels (GPT2Model's fast layout)
+    return x @ w + b  # w: an array, or the same matrix in a faster layout (layouts.PlannedMatrix)
 
 
 def ffn(x, c_fc, c_proj):  # [n_seq, n_embd] -> [n_seq, n_embd]
@@ -139,7 +141,7 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembeddin
     Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
     (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
     written into it; NumPy updates the buffers in place, JAX reads the updated list from gpt2_with_cache.
-    `unembedding`, optional, is wte.T in another layout (ColumnPanels): the same numbers, read faster.
+    `unembedding`, optional, is wte.T in another layout (layouts.py): the same numbers, read faster.
     """
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
     logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding)
@@ -218,84 +220,18 @@ def common_prefix_length(a, b):
     return int(mismatches[0]) if len(mismatches) else n
 
 
-PANEL_WIDTH = 32  # columns per panel; why 32, measured, in ColumnPanels
+def fast_layout(params, layout="auto"):
+    """The weights as GPT2Model multiplies them: -> (params with every linear weight in the chosen layout, the
+    tied output projection wte.T in it too). Built once from the checkpoint's params, which stay the reference.
 
-
-class ColumnPanels:
-    """A weight matrix w [n_in, n_out] stored as contiguous column panels [n_out / 32, n_in, 32].
-
-    `x @ panels` gives x @ w (the same numbers), so `linear` reads the same with either. Why: OpenBLAS
-    copies ("packs") the whole right-hand matrix before a product of several rows, and a layer's weight
-    matrix does not fit in cache, so with a plain layout scoring m = 2 to 16 new tokens costs 3-4 times
-    one token: packing, not arithmetic. One np.matmul over a stack of panels packs each panel while it
-    is in cache. Measured on an AMD EPYC with AVX2 (OpenBLAS's Haswell kernels, one thread) over GPT-2
-    124M's weight shapes, as multiples of a plain single-row step (bench/decode.py measures the whole model):
-
-        rows m          1     2     3     4     5     8
-        plain          1.00  2.5-2.7  2.8  2.5  2.9-3.1  3.1-3.5
-        panels of 16   0.93  0.89  1.26  1.37  1.58  1.69
-        panels of 32   0.96  0.75  0.96  0.97  1.15  1.17
-        panels of 64   1.09  0.70  0.92  0.75  0.96  1.59
-
-    Sixteen-wide panels cost more for every block, 64-wide ones are slow on one row and on eight (what
-    K = 7 scores); 32 is the best all round. On an AMD Zen 5 with OpenBLAS's AVX-512 kernels, the whole
-    124M model fed its rows as they are: 16 wide 1.86 at 5 rows, 1.58 at 6, 2.03 at 8; 32 wide 1.37,
-    1.14, 1.40; 64 wide 1.10, 1.41, 1.43. There 64 wins at five rows, but rows_to_feed gives three to
-    five as six, where 32 wins, so 32 it stays. (With the Haswell kernels on that CPU no width helps.) On
-    an AMD Zen 3, whose own kernels are Haswell's, 32-wide panels help less: the whole model costs 2.2
-    single rows at 5 rows (plain 2.7-3.0) and 2.0 at 8 (2.6-2.7), and a single row 8-14% more than plain.
+    layout: "auto" measures this machine (layouts.measure_plan), "panels" or "plain" fix one layout, or a
+    layouts.LayoutPlan.
     """
-
-    __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__ instead of trying to convert us
-
-    def __init__(self, w, width=PANEL_WIDTH):  # [n_in, n_out]
-        n_in, self.n_out = w.shape
-        n_panels = -(-self.n_out // width)
-        padded = np.zeros((n_in, n_panels * width), w.dtype)  # zero columns fill the last panel
-        padded[:, :self.n_out] = w
-        self.panels = np.ascontiguousarray(padded.reshape(n_in, n_panels, width).transpose(1, 0, 2))
-        self.shape, self.dtype, self.nbytes = w.shape, self.panels.dtype, self.panels.nbytes
-
-    def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
-        m, n_rows = len(x), rows_to_feed(len(x))
-        if n_rows > m:  # zero rows pad the block, see rows_to_feed
-            x = np.concatenate([x, np.zeros((n_rows - m, x.shape[1]), x.dtype)])
-        out = np.matmul(x, self.panels)  # [n_panels, n_rows, width], each panel packed while it is in cache
-        return out[:, :m].transpose(1, 0, 2).reshape(m, -1)[:, :self.n_out]
-
-
-def rows_to_feed(m):
-    """How many rows to multiply the panels with to get m: some counts cost less than fewer rows.
-
-    Over GPT-2 124M's panels on an AMD EPYC with AVX2 (OpenBLAS's Haswell kernels, one thread), m rows
-    cost (in single-row steps, two runs of 15 repeats):
-
-        m      1     2     3     4     5     6     7     8     9    10    11    12
-        cost  1.00  0.94  1.19  1.28  1.54  1.11  1.46  1.49  1.72  1.72  2.51  2.30
-              1.00  1.02  1.32  1.39  1.70  1.21  1.61  1.64  1.74  1.79  2.63  2.41
-
-    so three to five rows are fed as six (the blocks speculative sampling scores for K = 2 to 5; the
-    padding's results are dropped), which an AMD Zen 5 with OpenBLAS's AVX-512 kernels confirms (5 rows:
-    1.51 as they are, 1.27 as six). One row goes alone: on the AVX2 EPYC two rows cost less than one
-    (0.75 against 0.96 of a plain row), but on the Zen 5 made to run the Haswell kernels (README, Speed)
-    two rows cost 2.1-2.4 plain rows and one row alone 0.95, so padding one row is a gamble we do not take.
-    """
-    return 6 if 3 <= m <= 5 else m
-
-
-def in_panels(params):
-    """params with every linear weight ("w") as ColumnPanels; the other arrays are shared, not copied."""
-    if isinstance(params, list):
-        return [in_panels(value) for value in params]
-    if isinstance(params, dict):
-        return {key: ColumnPanels(value) if key == "w" else in_panels(value) for key, value in params.items()}
-    return params
-
-
-def fast_layout(params):
-    """The weights as GPT2Model multiplies them: -> (params with every linear weight in the fast layout, the
-    tied output projection wte.T in it too). Built once; the plain params stay the reference."""
-    return in_panels(params), ColumnPanels(params["wte"].T)  # [n_embd, n_vocab]
+    if isinstance(layout, str):
+        if layout not in ("auto", *layouts.LAYOUTS):
+            raise ValueError(f"unknown layout {layout!r}: choose auto, {', '.join(layouts.LAYOUTS)} or a LayoutPlan")
+        layout = layouts.measure_plan(params) if layout == "auto" else layouts.fixed_plan(layout)
+    return layouts.fast_layout(params, layout)
 
 
 class GPT2Model:
@@ -305,18 +241,19 @@ class GPT2Model:
     With `use_cache` it feeds only the tokens after the longest prefix of x it has cached, and
     first rolls the cache back to that prefix: speculative sampling's rejected drafts simply
     disappear the next time the model is called with the corrected sequence. Without a cache it
-    recomputes the whole sequence, as jaymody/speculative-sampling does. `panels` (the default) multiplies
-    by the weights in ColumnPanels, which makes scoring several new tokens nearly as cheap as one; False
-    keeps the checkpoint's plain layout, for comparison.
+    recomputes the whole sequence, as jaymody/speculative-sampling does.
+
+    `layout` says how the weights are stored for the products (layouts.py): "auto" (the default) times the
+    checkpoint's plain matrices and column panels on this machine, for one row (a decode step) and for the
+    few rows a verification scores, and keeps what is faster, both where that pays; "plain" keeps the
+    checkpoint's arrays as they are, the reference path; "panels" column panels for every product.
     """
 
-    def __init__(self, params, hparams, use_cache=True, panels=True):
+    def __init__(self, params, hparams, use_cache=True, layout="auto"):
         self.hparams, self.use_cache = hparams, use_cache
         self.params, self.unembedding = params, None  # the plain layout: the checkpoint's arrays as they are
-        if panels:  # the same numbers in column panels, built once (see ColumnPanels). For GPT-2 124M they
-            # take 1.31x the float32 weights: they replace the linear weights, wte stays for the embedding
-            # lookup, and wte.T is panelled too for the tied output projection
-            self.params, self.unembedding = fast_layout(params)
+        if layout != "plain":  # the same numbers, laid out once for faster products (see layouts.py)
+            self.params, self.unembedding = fast_layout(params, layout)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 

@@ -4,6 +4,8 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
     python main.py --draft_model_size 124M --target_model_size 1558M \
         --prompt "Alan Turing theorized that computers would one day become"   # the paper's GPT-2 pair
     python main.py --prompt "def fibonacci(n):" --n_tokens_to_generate 64 --decoder speculative,assisted
+    python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
+    python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
     python main.py --json        # one JSON object as the last line of stdout
 
 Every decoder starts from the same prompt, the same seed and empty caches. Each decoder runs once
@@ -12,8 +14,11 @@ all decoders interleave, so a drift in the machine's speed touches them alike; t
 the speedup is the median of the paired ratios, printed with their ranges. The speculative text is
 coloured by where each token came from (on a terminal, unless NO_COLOR is set): a draft token the
 target accepted, the target's correction after a rejection, or the bonus token the target adds when it
-accepts all K. Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded
-where possible. `python main.py --help` lists the flags.
+accepts all K. Before the runs, costs.py measures what a target decode step, a draft step and the
+target's scoring of 1 to 16 tokens cost on this machine (about a second); the report sets the measured
+speedup beside what the formula expects from them, and says from which alpha speculation can pay here.
+Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded where possible.
+`python main.py --help` lists the flags.
 """
 
 import os
@@ -32,11 +37,15 @@ import numpy as np
 from tqdm import tqdm
 
 import backends
+import costs
+import drafts
 import sampling
 import utils
 from encoder import get_encoder
 
 DECODERS = ("autoregressive", "speculative", "assisted")
+PROMPT_LOOKUP = "prompt-lookup"  # --draft_model_size naming drafts.PromptLookup instead of a model
+AUTO_K_MAX = 12  # --K auto considers K = 0 .. 12
 # OpenBLAS's x86 kernels for AVX-512 (its OPENBLAS_CORETYPE names)
 AVX512_CORETYPES = ("skylakex", "cooperlake", "sapphirerapids")
 # The bundled pair's first run: code it writes with accepted stretches and corrections (alpha about 0.7 at
@@ -47,10 +56,12 @@ BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "m
 FLAG_HELP = {
     "prompt": ("TEXT", "the text to continue; an empty prompt starts from <|endoftext|>"),
     "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
-    "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded)"),
+    "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
+                                 "or prompt-lookup (drafts copied from the text so far)"),
     "target_model_size": ("NAME", "the target model, likewise"),
     "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
-    "K": ("INT", "tokens the draft proposes per loop (the assisted decoder adapts its own, starting from 5)"),
+    "K": ("INT|auto", "tokens the draft proposes per loop, or auto: chosen every loop from this machine's costs and "
+                 "the alpha so far, 0 (a plain step) where nothing pays (the assisted decoder adapts its own K)"),
     "temperature": ("FLOAT", "0 is greedy decoding"),
     "top_k": ("INT", "keep the k most likely tokens; 0 keeps all"),
     "top_p": ("FLOAT", "keep the fewest most likely tokens holding this much probability; 1 keeps all"),
@@ -85,26 +96,35 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     """
     decoders = parse_decoders(decoder)
     check_flags(n_tokens_to_generate, K, seed, repeats, decoders, temperature, backend, dtype)
-    sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
+    settings = sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
     check_strings(prompt=prompt, draft_model_size=draft_model_size, target_model_size=target_model_size,
                   models_dir=models_dir)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
-    for name in (draft_model_size, target_model_size):
+    lookup = draft_model_size == PROMPT_LOOKUP
+    for name in ([] if lookup else [draft_model_size]) + [target_model_size]:
         check_context_early(prompt, n_tokens_to_generate, name, models_dir)
 
-    encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(draft_model_size, models_dir)
-    target_encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(target_model_size,
-                                                                                          models_dir)
-    check_same_vocabulary(encoder, target_encoder, draft_hparams, target_hparams)
+    if not lookup:
+        draft_encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(draft_model_size, models_dir)
+    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(target_model_size, models_dir)
+    all_hparams = [target_hparams]
+    if not lookup:
+        check_same_vocabulary(draft_encoder, encoder, draft_hparams, target_hparams)
+        all_hparams.append(draft_hparams)
     prompt_ids = encode_prompt(encoder, prompt)
-    check_context(len(prompt_ids), n_tokens_to_generate, draft_hparams, target_hparams)
-    draft = backends.make_model(draft_params, draft_hparams, backend, dtype)
+    check_context(len(prompt_ids), n_tokens_to_generate, *all_hparams)
     target = backends.make_model(target_params, target_hparams, backend, dtype)
+    draft = (drafts.PromptLookup(target_hparams["n_vocab"]) if lookup
+             else backends.make_model(draft_params, draft_hparams, backend, dtype))
     explain_backend(backend, dtype)
     explain_blas_kernels(backend)
 
-    run = lambda name: run_decoder(name, prompt_ids, draft, target, encoder, n_tokens_to_generate, K, temperature,
-                                   top_k, top_p, seed)
+    # this machine's costs, before the runs: the report's explanation, and --K auto's choices (JAX's device
+    # loops time no single step, so they are measured there only for --K auto, which runs on the host)
+    measured = costs.measure_costs(target, draft, prompt_ids, settings) if backend == "numpy" or K == "auto" else None
+    speculative_draft = costs.AutoK(draft, measured) if K == "auto" else draft
+    run = lambda name: run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, n_tokens_to_generate,
+                                   AUTO_K_MAX if K == "auto" else K, settings, seed)
     for name in decoders:
         run(name)  # untimed warm-up: the first run pays for touching the weights and, with JAX, for compiling
     timed_runs = {name: [] for name in decoders}
@@ -114,16 +134,18 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
 
     result = {"prompt": prompt, "draft": draft_model_size, "target": target_model_size, "K": K,
               "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-              "n_tokens": n_tokens_to_generate, "repeats": repeats, "backend": backend, "dtype": dtype}
+              "n_tokens": n_tokens_to_generate, "repeats": repeats, "backend": backend, "dtype": dtype,
+              "costs": describe_costs(measured)}
     stats = {}
     for name in DECODERS:
         result[name], stats[name] = summarise_runs(timed_runs[name]) if name in decoders else (None, None)
+    add_run_costs(result, stats, measured)
     add_speedups(result)
 
     if json:
         print(jsonlib.dumps(result))
     else:
-        print_report(result, stats, encoder.decode, use_colour=wants_colour(color))
+        print_report(result, stats, encoder.decode, use_colour=wants_colour(color), measured=measured)
     return result
 
 
@@ -182,8 +204,8 @@ def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtyp
         raise ValueError(f"--dtype must be float32, or bfloat16 with --backend jax; got {dtype!r}")
     if not sampling.is_integer(n_tokens) or n_tokens < 1:
         raise ValueError(f"--n_tokens_to_generate must be an integer >= 1, got {n_tokens!r}")
-    if not sampling.is_integer(K) or K < 1:
-        raise ValueError(f"--K must be an integer >= 1, got {K!r}")
+    if K != "auto" and (not sampling.is_integer(K) or K < 1):
+        raise ValueError(f"--K must be an integer >= 1, or auto, got {K!r}")
     if not sampling.is_integer(seed) or seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
     if not sampling.is_integer(repeats) or repeats < 1:
@@ -236,29 +258,38 @@ def check_context_early(prompt, n_tokens, model_size, models_dir):
 # ---- decoding ----------------------------------------------------------------------------------
 
 
-def run_decoder(name, prompt_ids, draft, target, encoder, N, K, temperature, top_k, top_p, seed):
-    """One decoder from empty caches and a fresh Generator: -> (its result dict, its stats)."""
-    draft.reset()
-    target.reset()
+def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, K, settings, seed):
+    """One decoder from empty caches and a fresh Generator: -> (its result dict, its stats).
+
+    speculative_draft is what speculative sampling drafts with (the draft, or costs.AutoK around it for --K
+    auto); the assisted decoder adapts its own K and drafts with the draft itself.
+    """
+    for model in (draft, speculative_draft, target):
+        model.reset()
     stats = sampling.SpeculativeStats()
     rng = np.random.default_rng(seed)
-    settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-    decoders = backends.decoders(target)  # sampling, or with --backend jax sampling_jax: whole loops on the device
+    keywords = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
+    # sampling, or with --backend jax and two JAX models sampling_jax: whole loops on the device
+    decoders = backends.decoders(target, speculative_draft)
     with progress_bar(name, N) as bar:
         start = time.perf_counter()
         if name == "autoregressive":
-            x = decoders.autoregressive_sampling(prompt_ids, target, N, rng, **settings, stats=stats,
+            x = decoders.autoregressive_sampling(prompt_ids, target, N, rng, **keywords, stats=stats,
                                                  progress=bar.update)
         elif name == "speculative":
-            x = decoders.speculative_sampling(prompt_ids, draft, target, N, K, rng, **settings, stats=stats,
-                                              progress=bar.update)
+            x = decoders.speculative_sampling(prompt_ids, speculative_draft, target, N, K, rng, **keywords,
+                                              stats=stats, progress=bar.update)
         else:
             x = sampling.greedy_assisted_generation(prompt_ids, draft, target, N, stats=stats, progress=bar.update)
         seconds = time.perf_counter() - start
     tokens = [int(token) for token in x[len(prompt_ids):]]
     result = {"tokens": tokens, "text": encoder.decode(tokens), "seconds": seconds, "target_calls": stats.target_calls}
     if name != "autoregressive":
-        result.update({key: value for key, value in stats.as_dict().items() if key not in ("target_calls", "generated")})
+        result.update({origin: stats.origins.count(origin) for origin in ("corrected", "bonus")},
+                      plain_steps=stats.origins.count("target"),
+                      copied_fraction=drafts.copied_fraction(prompt_ids, tokens))
+        if name == "speculative" and isinstance(speculative_draft, costs.AutoK):
+            result["K_chosen"] = list(speculative_draft.chosen)
     return result, stats
 
 
@@ -275,6 +306,33 @@ def summarise_runs(runs):
     """
     result, stats = sorted(runs, key=lambda run: run[0]["seconds"])[(len(runs) - 1) // 2]
     return {**result, "seconds_per_run": [run[0]["seconds"] for run in runs]}, stats
+
+
+def describe_costs(measured):
+    """costs.py's measurement for the JSON, with the lowest alpha at which some K pays here (None: none can)."""
+    if measured is None:
+        return None
+    alpha, K = measured.lowest_break_even(AUTO_K_MAX)
+    return {**measured.as_dict(), "break_even_alpha": alpha, "break_even_K": K}
+
+
+def add_run_costs(result, stats, measured):
+    """The speculative decoders' costs in decode steps, and the formula's expectations from them.
+
+    A decode step is the autoregressive run's own when it ran (the same process, the same minutes), else
+    costs.py's measurement; the draft step and the verification are the decoder's own run's.
+    """
+    autoregressive = stats["autoregressive"]
+    decode_step = (autoregressive.verify_seconds if autoregressive and autoregressive.verify_seconds
+                   else measured.decode_step_seconds if measured else None)
+    for name in ("speculative", "assisted"):
+        if stats[name] is None:
+            continue
+        stats[name].decode_step_seconds = decode_step
+        result[name].update(stats[name].as_dict())
+        result[name].pop("generated")
+        if result["autoregressive"] is not None:
+            result[name]["same_text_as_autoregressive"] = result[name]["tokens"] == result["autoregressive"]["tokens"]
 
 
 def add_speedups(result):
@@ -317,7 +375,7 @@ def coloured_text(tokens, origins, decode):
     return "".join(pieces)
 
 
-def print_report(result, stats, decode, use_colour):
+def print_report(result, stats, decode, use_colour, measured=None):
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)
     print(f"draft {result['draft']} -> target {result['target']}, K {result['K']}, temperature {result['temperature']}, "
           f"top_k {result['top_k']}, top_p {result['top_p']}, seed {result['seed']}, {result['n_tokens']} tokens; "
@@ -336,28 +394,63 @@ def print_report(result, stats, decode, use_colour):
             continue
         if use_colour:
             print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
-        never_judged = run["drafted"] - run["accepted"] - run["rejected"]
-        print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
-              "judged (a loop stops at its first rejection)")
-        print(f"  acceptance rate alpha {fmt(run['acceptance_rate'], '.3f')} = accepted / (accepted + rejected), "
-              f"Leviathan et al.'s alpha; {fmt(run['tokens_per_target_call'], '.2f')} tokens per target call")
-        if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
-            print(f"  {run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop "
-                  "runs in one device call), so there is no cost ratio")
-        else:
-            print(f"  {run['draft_calls']} draft calls; {run['draft_seconds']:.3f} s in the draft, "
-                  f"{run['target_seconds']:.3f} s in the target (cost ratio {run['cost_ratio']:.3f})")
-        if run["speedup"] is None:
-            measured = "speedup not measured (add autoregressive to --decoder to measure it)"
-        else:
-            low, high = run["speedup_range"]
-            measured = (f"speedup {run['speedup']:.2f}x measured (median of {result['repeats']} paired runs, "
-                        f"{low:.2f}-{high:.2f}x)")
-        if run["expected_speedup"] is None:
-            print(f"  {measured}")
-        else:
-            print(f"  {measured}; {run['expected_speedup']:.2f}x expected by the formula from alpha and the cost "
-                  "ratio, if a target call cost one decode step")
+        print_counts(run, result["draft"] == PROMPT_LOOKUP)
+        print_costs_and_speedup(run, result["repeats"], fmt)
+        print_same_text(run, result["temperature"])
+    if measured is not None:
+        print("\nthis machine (costs.py, measured before the runs): " + "; ".join(costs.describe(measured)))
+
+
+def print_counts(run, lookup):
+    never_judged = run["drafted"] - run["accepted"] - run["rejected"]
+    print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
+          "judged (a loop stops at its first rejection)")
+    print(f"  the {len(run['tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections after "
+          f"a rejection, {run['bonus']} bonus tokens (all K drafts accepted)"
+          + (f", {run['plain_steps']} plain target steps (no drafts)" if run["plain_steps"] else ""))
+    alpha = "n/a" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.3f}"
+    print(f"  acceptance rate alpha {alpha} = accepted / (accepted + rejected), Leviathan et al.'s alpha; "
+          f"{run['tokens_per_target_call']:.2f} tokens per target call")
+    if "K_chosen" in run:
+        chosen = {K: run["K_chosen"].count(K) for K in sorted(set(run["K_chosen"]))}
+        print("  K chosen by --K auto, loop by loop: " + ", ".join(f"{K} ({n} loops)" for K, n in chosen.items())
+              + (" (0: a plain step, where no K pays at the alpha so far)" if 0 in chosen else ""))
+    if lookup:  # so that a continuation looping on itself is never sold as speed
+        print(f"  {100 * run['copied_fraction']:.0f}% of the continuation's 4-grams are copied from the prompt")
+
+
+def print_costs_and_speedup(run, repeats, fmt):
+    if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
+        print(f"  {run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop "
+              "runs in one device call), so there is no cost ratio")
+    else:
+        print(f"  costs: a target decode step {1000 * run['decode_step_seconds']:.2f} ms, a draft step "
+              f"{1000 * run['draft_step_seconds']:.2f} ms (c = {run['cost_ratio']:.3f}), a target call scoring the "
+              f"K + 1 tokens {1000 * run['verify_seconds']:.2f} ms = {run['verify_steps']:.2f} decode steps")
+    if run["speedup"] is None:
+        measured = "speedup not measured (add autoregressive to --decoder to measure it)"
+    else:
+        low, high = run["speedup_range"]
+        measured = f"speedup {run['speedup']:.2f}x measured (median of {repeats} paired runs, {low:.2f}-{high:.2f}x)"
+    if run["expected_speedup"] is None:
+        print(f"  {measured}")
+    else:
+        print(f"  {measured}; the formula expects {run['expected_speedup']:.2f}x from alpha, c and the verification's "
+              f"measured cost, and {run['expected_speedup_one_step']:.2f}x if a verification cost one decode step "
+              "(the paper's idealisation)")
+
+
+def print_same_text(run, temperature):
+    if "same_text_as_autoregressive" not in run:
+        return
+    if run["same_text_as_autoregressive"]:
+        print("  the same tokens as autoregressive decoding" + (" (at temperature 0 they must be)" if temperature == 0
+                                                                 else ""))
+    elif temperature == 0:
+        print("  warning: not the autoregressive tokens, which at temperature 0 they must be (a near-tie between two "
+              "logits, rounded differently by the two paths, can do this)")
+    else:
+        print("  other tokens than autoregressive decoding: each is a sample of the target's distribution")
 
 
 # ---- the command line --------------------------------------------------------------------------

@@ -28,6 +28,17 @@ def cpu_model(cpuinfo_path="/proc/cpuinfo"):
     return name
 
 
+def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's feature flags (avx2, avx512f, ...) as /proc/cpuinfo lists them; empty where it cannot be read."""
+    try:
+        for line in Path(cpuinfo_path).read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
 def blas_info():
     """NumPy's BLAS as numpy.show_config reports it, plus the kernels and thread count it runs with, where
     they can be read, and the environment's OPENBLAS_CORETYPE (which overrides OpenBLAS's own choice)."""

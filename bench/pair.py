@@ -1,21 +1,24 @@
-"""The bundled pair on held-out text: perplexity, acceptance rate and speedup against K.
+"""The bundled pair on held-out text: acceptance rate, measured and expected speedup against K, and --K auto.
 
 Prompts are windows of the held-out split of the training corpus (documents the models never saw):
---n_prompts windows of --prompt_tokens tokens, spread evenly over the held-out text. For every K, each
-prompt is decoded autoregressively and then speculatively, both with KV caches, from the same seed; at
-temperature 0 the speculative tokens must equal the autoregressive ones. Each prompt's two runs follow
-each other, so that a shared machine's drift hits both alike: `median_speedup` is the median over the
-prompts of their autoregressive time / speculative time, `speedup` the ratio of the totals.
+--n_prompts windows of --prompt_tokens tokens, spread evenly over the held-out text. For every K (an
+integer, or auto: costs.AutoK choosing K every loop from this machine's measured costs and the alpha so
+far), each prompt is decoded autoregressively and then speculatively, both with KV caches, from the same
+seed; at temperature 0 the speculative tokens must equal the autoregressive ones. Each prompt's two runs
+follow each other, so that a shared machine's drift hits both alike: `median_speedup` is the median over
+the prompts of their autoregressive time / speculative time.
 
-    python bench/pair.py                                   # the committed pair, held-out text from build/
-    python bench/pair.py --temperature 1 --K 4             # alpha when sampling
+Beside it stands Leviathan et al.'s formula, each prompt's from its own runs: tokens per loop at the run's
+alpha and mean K, over K c + v, with c the run's draft step and v its target call, both in the prompt's
+autoregressive decode steps (SpeculativeStats.expected_speedup); `median_measured_over_expected` says how
+well the formula predicts. `expected_speedup_one_step` is the same with v = 1, the paper's idealisation.
+
+    python bench/pair.py                                   # K = 1..12 and auto, held-out text from build/
+    python bench/pair.py --temperature 1 --K 4,auto        # alpha when sampling
+    python bench/pair.py --draft prompt-lookup --K 2,4,8   # drafts copied from the text (drafts.py)
     python bench/pair.py --heldout tests/fixtures/heldout_sample.txt --n_prompts 8
 
-Beside the measured speedup stands Leviathan et al.'s formula (sampling.expected_speedup) fed with this
-run's alpha, the draft's step in target steps (c) and what one verification costs in target steps:
-tokens per loop / (K c + verification), so a reader sees which term keeps a pair from its 2x.
-
-Prints one JSON object as its last line.
+Prints one JSON line per K as it goes, then one JSON object as its last line.
 """
 
 import os
@@ -26,6 +29,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,25 +37,37 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import costs  # noqa: E402
+import drafts  # noqa: E402
 import gpt2  # noqa: E402
+import layouts  # noqa: E402
 import sampling  # noqa: E402
 import utils  # noqa: E402
 from bench.machine import blas_info, cpu_model  # noqa: E402
 
+AUTO_K_MAX = 12
 
-def parse_args():
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models_dir", default="models")
-    parser.add_argument("--draft", default="teach-draft")
+    parser.add_argument("--draft", default="teach-draft", help="a model folder, or prompt-lookup")
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
     parser.add_argument("--n_prompts", type=int, default=24)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--n_tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--K", default="1,2,3,4,5,6,8,10,12")
+    parser.add_argument("--K", default="1,2,3,4,5,6,8,10,12,auto", help="comma-separated integers and auto")
     parser.add_argument("--perplexity_tokens", type=int, default=16384, help="held-out tokens scored for perplexity")
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        args.K = [K if K == "auto" else int(K) for K in args.K.split(",")]
+    except ValueError:
+        parser.error(f"--K takes comma-separated integers and auto, got {args.K!r}")
+    if any(K != "auto" and K < 1 for K in args.K) or args.n_prompts < 1 or args.n_tokens < 1:
+        parser.error("--K values, --n_prompts and --n_tokens must be positive")
+    return args
 
 
 def held_out_tokens(encoder, path):
@@ -59,63 +75,109 @@ def held_out_tokens(encoder, path):
     return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
 
 
-def main():
-    args = parse_args()
-    encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
-    _, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    tokens = held_out_tokens(encoder, args.heldout)
-    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
-    draft, target = gpt2.GPT2Model(draft_params, draft_hparams), gpt2.GPT2Model(target_params, target_hparams)
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-    def run(prompt, decoder, *models, **kwargs):  # -> (tokens, seconds); stats summed in kwargs["stats"]
-        for model in models:
-            model.reset()  # every run starts from empty caches
-        start = time.perf_counter()
-        out = decoder(prompt, *models, args.n_tokens, rng=np.random.default_rng(0), temperature=args.temperature,
-                      **kwargs)
-        return out, time.perf_counter() - start
+
+def measure_K(K, prompts, draft, target, measured, args):
+    """Each prompt's autoregressive and speculative runs, back to back: -> (the row for K, per-prompt rows)."""
+    ar_total, total = sampling.SpeculativeStats(), sampling.SpeculativeStats()
+    per_prompt, chosen = [], []
+    for prompt in prompts:
+        runs = {}
+        speculative_draft = costs.AutoK(draft, measured) if K == "auto" else draft  # alpha from this run alone
+        for name in ("autoregressive", "speculative"):
+            for model in (speculative_draft, target):
+                model.reset()  # every run starts from empty caches
+            stats = sampling.SpeculativeStats()
+            rng = np.random.default_rng(0)
+            start = time.perf_counter()
+            if name == "autoregressive":
+                out = sampling.autoregressive_sampling(prompt, target, args.n_tokens, rng,
+                                                       temperature=args.temperature, stats=stats)
+            else:
+                out = sampling.speculative_sampling(prompt, speculative_draft, target, args.n_tokens,
+                                                    AUTO_K_MAX if K == "auto" else K, rng,
+                                                    temperature=args.temperature, stats=stats)
+            runs[name] = (out, time.perf_counter() - start, stats)
+        (reference, ar_seconds, ar_stats), (out, seconds, stats) = runs["autoregressive"], runs["speculative"]
+        if args.temperature == 0 and not np.array_equal(out, reference):
+            raise SystemExit(f"K={K}: greedy speculative tokens differ from autoregressive ones")
+        stats.decode_step_seconds = ar_stats.verify_seconds  # this prompt's own decode step
+        continuation = out[len(prompt):].tolist()
+        per_prompt.append({"speedup": ar_seconds / seconds, "expected_speedup": stats.expected_speedup,
+                           "expected_speedup_one_step": stats.expected_speedup_one_step,
+                           "acceptance_rate": stats.acceptance_rate, "cost_ratio": stats.cost_ratio,
+                           "verify_steps": stats.verify_steps, "tokens_per_target_call": stats.tokens_per_target_call,
+                           "copied_fraction": drafts.copied_fraction(prompt.tolist(), continuation),
+                           "accepted_lengths": costs.accepted_lengths(stats.origins)})
+        if K == "auto":
+            chosen += speculative_draft.chosen
+        for pooled, run_stats in ((ar_total, ar_stats), (total, stats)):
+            for name in ("loops", "target_calls", "draft_calls", "drafted", "accepted", "target_seconds",
+                         "draft_seconds"):
+                setattr(pooled, name, getattr(pooled, name) + getattr(run_stats, name))
+            pooled.origins += run_stats.origins
+    total.decode_step_seconds = ar_total.verify_seconds
+    known = lambda key: [row[key] for row in per_prompt if row[key] is not None]
+    row = {"K": K, "acceptance_rate": total.acceptance_rate, "tokens_per_target_call": total.tokens_per_target_call,
+           "decode_step_ms": 1000 * total.decode_step_seconds, "draft_step_ms": 1000 * total.draft_step_seconds
+           if total.draft_step_seconds is not None else None, "verify_ms": 1000 * total.verify_seconds,
+           "cost_ratio": total.cost_ratio, "verify_steps": total.verify_steps,
+           "median_speedup": statistics.median(known("speedup")), "speedup_range": spread(known("speedup")),
+           "median_expected_speedup": statistics.median(known("expected_speedup")) if known("expected_speedup") else None,
+           "median_expected_speedup_one_step": statistics.median(known("expected_speedup_one_step"))
+           if known("expected_speedup_one_step") else None,
+           "median_measured_over_expected": statistics.median(
+               [row["speedup"] / row["expected_speedup"] for row in per_prompt if row["expected_speedup"]])
+           if known("expected_speedup") else None,
+           "median_copied_fraction": statistics.median(known("copied_fraction")),
+           "accepted_length_counts": np.bincount([n for row in per_prompt for n in row["accepted_lengths"]]).tolist()}
+    if K == "auto":
+        row["K_chosen_counts"] = {str(k): chosen.count(k) for k in sorted(set(chosen))}
+    return row, per_prompt
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    target = gpt2.GPT2Model(target_params, target_hparams)
+    if args.draft == "prompt-lookup":
+        draft, draft_params = drafts.PromptLookup(target_hparams["n_vocab"]), None
+    else:
+        _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
+        draft = gpt2.GPT2Model(draft_params, draft_hparams)
+    tokens = held_out_tokens(encoder, args.heldout)
+    stride = (len(tokens) - args.prompt_tokens - 1) // args.n_prompts
+    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
+    settings = sampling.SamplingSettings(temperature=args.temperature)
+    measured = costs.measure_costs(target, draft, prompts[0], settings)  # for auto, and the record
+    plan = layouts.measure_plan(target_params)  # what GPT2Model chose for the target (measured once per process)
 
     result = {"draft": args.draft, "target": args.target, "heldout": args.heldout, "n_prompts": args.n_prompts,
               "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "temperature": args.temperature,
+              "costs": measured.as_dict(), "layout_plan": {"layouts": plan.layouts, "rows_to_feed": plan.rows_to_feed},
               "by_K": []}
-    for K in [int(k) for k in args.K.split(",")]:
-        ar_stats, stats, ar_times, times = sampling.SpeculativeStats(), sampling.SpeculativeStats(), [], []
-        for prompt in prompts:
-            reference, ar_seconds = run(prompt, sampling.autoregressive_sampling, target, stats=ar_stats)
-            out, seconds = run(prompt, sampling.speculative_sampling, draft, target, K=K, stats=stats)
-            if args.temperature == 0 and not np.array_equal(out, reference):
-                raise SystemExit(f"K={K}: greedy speculative tokens differ from autoregressive ones")
-            ar_times.append(ar_seconds)
-            times.append(seconds)
-        target_step_ms = 1000 * ar_stats.target_seconds / ar_stats.target_calls
-        draft_step_ms = 1000 * stats.draft_seconds / stats.draft_calls
-        verify_ms = 1000 * stats.target_seconds / stats.target_calls
-        c, verify_steps = draft_step_ms / target_step_ms, verify_ms / target_step_ms
-        drafts_per_loop = stats.drafted / stats.loops
-        row = {"K": K, "acceptance_rate": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,
-               "target_step_ms": target_step_ms, "draft_step_ms": draft_step_ms, "verify_ms": verify_ms,
-               "draft_over_target_step": c, "verify_steps": verify_steps,
-               "formula_speedup": sampling.expected_tokens_per_loop(stats.acceptance_rate, drafts_per_loop)
-               / (drafts_per_loop * c + verify_steps),
-               "formula_speedup_if_verify_cost_one_step": sampling.expected_speedup(stats.acceptance_rate, c,
-                                                                                    drafts_per_loop),
-               "seconds": sum(times), "autoregressive_seconds": sum(ar_times),
-               "speedup": sum(ar_times) / sum(times),
-               "median_speedup": float(np.median(np.array(ar_times) / np.array(times))),
-               "speedup_range": [float(np.min(np.array(ar_times) / np.array(times))),
-                                 float(np.max(np.array(ar_times) / np.array(times)))]}
+    for K in args.K:
+        row, _ = measure_K(K, prompts, draft, target, measured, args)
         result["by_K"].append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     scored = tokens[:args.perplexity_tokens + 1]
     result.update(perplexity_tokens=len(scored) - 1,
                   target_perplexity=gpt2.perplexity(scored, target_params, target_hparams),
-                  draft_perplexity=gpt2.perplexity(scored, draft_params, draft_hparams))
-    best = max(result["by_K"], key=lambda row: row["median_speedup"])
-    result.update(best_K=best["K"], best_median_speedup=best["median_speedup"],
-                  acceptance_rate_K4=next((r["acceptance_rate"] for r in result["by_K"] if r["K"] == 4), None),
-                  machine={"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas_info(),
-                           "load_average": os.getloadavg()})
+                  draft_perplexity=None if draft_params is None else gpt2.perplexity(scored, draft_params, draft_hparams))
+    fixed = [row for row in result["by_K"] if row["K"] != "auto"]
+    if fixed:
+        best = max(fixed, key=lambda row: row["median_speedup"])
+        result.update(best_K=best["K"], best_median_speedup=best["median_speedup"])
+    auto = next((row for row in result["by_K"] if row["K"] == "auto"), None)
+    if auto and fixed:
+        result["auto_over_best_fixed"] = auto["median_speedup"] / result["best_median_speedup"]
+    predicted = [row["median_measured_over_expected"] for row in fixed if row["median_measured_over_expected"]]
+    if predicted:
+        result["measured_over_expected_range"] = [min(predicted), max(predicted)]
+    result["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas_info(),
+                         "load_average": os.getloadavg()}
     print(json.dumps(result))
 
 

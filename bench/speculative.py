@@ -17,11 +17,11 @@ Every speculative run must reproduce the autoregressive tokens exactly (greedy),
     python bench/speculative.py [--n_tokens 64] [--K 1,2,3,4,5,6,7,8] [--skip_uncached]
     python bench/speculative.py --models_dir models --draft 124M --target 355M
 
-The expected speedup is Leviathan et al.'s formula, sampling.expected_speedup(a, c, K), with a the run's
-acceptance rate and c its mean draft call time over its mean target call time. verify_cost says what a
-target call costs in autoregressive decode steps (1 in the paper's model; with the plain weight layout
-1.6-2.6 for the bundled pair on our 2-core CPU, where OpenBLAS packs each weight matrix before a several-row
-product; gpt2.ColumnPanels, the default, avoids that). Prints one JSON object as its last line.
+The expected speedup is Leviathan et al.'s formula, sampling.expected_speedup(a, c, K, v), with a the
+run's acceptance rate, c its mean draft call over an autoregressive decode step, and v = verify_cost, what a
+target call scoring K + 1 tokens costs in decode steps (1 in the paper's model, expected_speedup_one_step;
+1.2-3 on the CPUs we measured, depending on the CPU, its BLAS kernels and the weight layout, layouts.py).
+Prints one JSON object as its last line.
 """
 
 import os
@@ -164,18 +164,18 @@ def measure(draft, target, prompt, n_tokens, Ks, repeats):
     for K in Ks:
         tokens, seconds, stats = fastest(lambda stats: sampling.speculative_sampling(
             prompt, draft, target, n_tokens, K, np.random.default_rng(0), temperature=0, stats=stats))
-        target_call = stats.target_seconds / stats.target_calls
+        stats.decode_step_seconds = step_seconds  # the unit of c and of the verification's cost
         run = {"K": K, "seconds": seconds, "speedup": ar_seconds / seconds,
                "acceptance_rate": stats.acceptance_rate, "cost_ratio": stats.cost_ratio,
-               "expected_speedup": stats.expected_speedup, "tokens_per_target_call": stats.tokens_per_target_call,
-               "draft_ms_per_call": 1000 * stats.draft_seconds / stats.draft_calls,
-               "loop_ms": 1000 * seconds / stats.loops, "target_ms_per_call": 1000 * target_call, "verify_cost": target_call / step_seconds,
-               # the formula with target calls costing verify_cost decode steps instead of 1
-               "expected_speedup_at_verify_cost": stats.expected_speedup * step_seconds / target_call,
+               "verify_cost": stats.verify_steps, "expected_speedup": stats.expected_speedup,
+               "expected_speedup_one_step": stats.expected_speedup_one_step,
+               "tokens_per_target_call": stats.tokens_per_target_call,
+               "draft_ms_per_call": 1000 * stats.draft_step_seconds, "loop_ms": 1000 * seconds / stats.loops,
+               "target_ms_per_call": 1000 * stats.verify_seconds,
                "same_tokens": bool(np.array_equal(tokens, expected))}
         runs.append(run)
-        print(f"  K={K}: speedup {run['speedup']:.2f}x (expected {run['expected_speedup']:.2f}x, "
-              f"{run['expected_speedup_at_verify_cost']:.2f}x at the verify cost), acceptance "
+        print(f"  K={K}: speedup {run['speedup']:.2f}x (expected {run['expected_speedup']:.2f}x at the measured "
+              f"verification cost, {run['expected_speedup_one_step']:.2f}x if it cost one step), acceptance "
               f"{run['acceptance_rate']:.2f}, c {run['cost_ratio']:.3f}, target call = {run['verify_cost']:.2f} "
               f"decode steps, same tokens: {run['same_tokens']}", file=sys.stderr)
     return {"autoregressive": autoregressive, "speculative": runs}

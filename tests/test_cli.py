@@ -99,6 +99,51 @@ def test_json_run_on_a_tiny_pair(models_dir):
         assert output[name]["speedup"] == pytest.approx(statistics.median(ratios))
         assert output[name]["speedup_range"] == pytest.approx([min(ratios), max(ratios)])
     assert output["speedup"] == output["speculative"]["speedup"]
+    # the costs: this machine's (costs.py, before the runs) and each run's, in decode steps, with the formula
+    measured = output["costs"]
+    assert len(measured["verify_steps"]) == 16 and measured["verify_steps"][0] == 1.0
+    assert measured["decode_step_seconds"] > 0 and measured["cost_ratio"] > 0
+    for name in ["speculative", "assisted"]:
+        run = output[name]
+        assert run["decode_step_seconds"] == pytest.approx(output["autoregressive"]["seconds"] / n_tokens, rel=0.5)
+        assert run["cost_ratio"] == pytest.approx(run["draft_step_seconds"] / run["decode_step_seconds"])
+        assert run["verify_steps"] == pytest.approx(run["verify_seconds"] / run["decode_step_seconds"])
+        assert run["expected_speedup"] < run["expected_speedup_one_step"] or run["verify_steps"] <= 1
+        assert run["same_text_as_autoregressive"] is True
+        assert run["accepted"] + run["corrected"] + run["bonus"] + run["plain_steps"] == n_tokens
+
+
+def test_K_auto_and_prompt_lookup_give_the_autoregressive_tokens(models_dir):
+    common = [*PAIR, "--prompt", "the cat, the hat, the cat, the", "--n_tokens_to_generate", "16", "--temperature", "0",
+              "--repeats", "1", "--json"]
+    auto = run_main(*common, "--K", "auto", models_dir=models_dir)
+    assert auto.returncode == 0, auto.stderr
+    output = json.loads(auto.stdout.strip().splitlines()[-1])
+    assert output["K"] == "auto" and output["speculative"]["same_text_as_autoregressive"]
+    chosen = output["speculative"]["K_chosen"]
+    assert len(chosen) == output["speculative"]["loops"] and all(0 <= K <= main.AUTO_K_MAX for K in chosen)
+    lookup = run_main(*common[2:], "--target_model_size", "target", "--draft_model_size", "prompt-lookup",
+                      "--decoder", "autoregressive,speculative,assisted", models_dir=models_dir)
+    assert lookup.returncode == 0, lookup.stderr
+    output = json.loads(lookup.stdout.strip().splitlines()[-1])
+    assert output["draft"] == "prompt-lookup" and output["costs"]["draft_step_seconds"] == 0
+    for name in ["speculative", "assisted"]:
+        assert output[name]["tokens"] == output["autoregressive"]["tokens"]
+        assert 0 <= output[name]["copied_fraction"] <= 1
+
+
+def test_the_report_explains_the_run(models_dir):
+    report = run_main(*PAIR, "--n_tokens_to_generate", "16", "--temperature", "0", "--repeats", "1",
+                      models_dir=models_dir)
+    assert report.returncode == 0, report.stderr
+    for words in ["bonus tokens", "costs: a target decode step", "decode steps", "the formula expects",
+                  "if a verification cost one decode step", "the same tokens as autoregressive decoding",
+                  "this machine (costs.py"]:
+        assert words in report.stdout, words
+    lookup = run_main("--target_model_size", "target", "--draft_model_size", "prompt-lookup", "--prompt", "the the the",
+                      "--n_tokens_to_generate", "8", "--repeats", "1", models_dir=models_dir)
+    assert lookup.returncode == 0, lookup.stderr
+    assert "of the continuation's 4-grams are copied from the prompt" in lookup.stdout
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -207,6 +252,7 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
 @pytest.mark.parametrize("args, message", [
     (["--K", "0"], "--K must be an integer >= 1"),
     (["--K", "2.5"], "--K must be an integer >= 1"),
+    (["--K", "automatic"], "--K must be an integer >= 1, or auto"),
     (["--temperature", "-1"], "temperature must be a number >= 0"),
     (["--top_p", "0"], "top_p must be a number in (0, 1]"),
     (["--top_p", "1.5"], "top_p must be a number in (0, 1]"),

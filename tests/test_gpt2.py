@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gpt2
+import layouts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -243,32 +244,16 @@ def test_model_rolls_back_when_the_sequence_diverges(cache_setup, use_cache):
     np.testing.assert_allclose(model.logits(tokens, n_last=len(tokens)), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("n_out", [1, 31, 32, 33, 100])
-def test_column_panels_multiply_like_the_matrix(n_out):
-    rng = np.random.default_rng(n_out)
-    w = rng.standard_normal((24, n_out), dtype=np.float32)
-    panels = gpt2.ColumnPanels(w)
-    assert panels.panels.shape == (-(-n_out // 32), 24, 32) and panels.panels.flags.c_contiguous
-    assert panels.shape == w.shape and panels.dtype == np.float32
-    for m in range(1, 17):
-        x = rng.standard_normal((m, 24), dtype=np.float32)
-        product = x @ panels
-        assert product.shape == (m, n_out) and product.dtype == np.float32
-        np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(gpt2.linear(x, panels, np.ones(n_out, np.float32)), x @ w + 1,
-                                   rtol=1e-5, atol=1e-5)
-
-
-def test_rows_to_feed_never_drops_a_row():
-    assert [gpt2.rows_to_feed(m) for m in range(1, 9)] == [1, 2, 6, 6, 6, 6, 7, 8]
-    assert all(gpt2.rows_to_feed(m) >= m for m in range(1, 300))
-
-
 PANEL_HPARAMS = dict(n_vocab=70, n_ctx=40, n_embd=32, n_head=4, n_layer=2)
 
 
+# a plan that exercises every path: plain for one row, panels for several, 2 rows fed as 3 and 5 as 8
+MIXED_PLAN = layouts.LayoutPlan(("plain",) + ("panels",) * 15, (1, 3, 3, 4, 8, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16))
+
+
 @pytest.mark.parametrize("n", range(1, 17))
-def test_panels_give_the_plain_paths_logits_for_every_block_length(n):
+@pytest.mark.parametrize("layout", ["panels", MIXED_PLAN, "auto"], ids=["panels", "mixed", "auto"])
+def test_fast_layouts_give_the_plain_paths_logits_for_every_block_length(n, layout):
     """A block of n new tokens after a cached prefix, after a rollback, and ending at the end of the context."""
     hparams = PANEL_HPARAMS
     params = random_params(hparams, seed=n)
@@ -276,14 +261,14 @@ def test_panels_give_the_plain_paths_logits_for_every_block_length(n):
     tokens = rng.integers(0, hparams["n_vocab"], size=hparams["n_ctx"])
     diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % hparams["n_vocab"]])  # differs from position 4 on
     expected, expected_diverged = (full_logits(t, params, hparams) for t in (tokens, diverged))
-    model = gpt2.GPT2Model(params, hparams)
+    model = gpt2.GPT2Model(params, hparams, layout=layout)
     assert model.logits(tokens[:7]).dtype == np.float32  # 7 cached
     np.testing.assert_allclose(model.logits(tokens[:7 + n], n_last=n), expected[7:7 + n], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(model.logits(diverged[:4 + n], n_last=n), expected_diverged[4:4 + n],  # rolled back
                                rtol=1e-5, atol=1e-5)
     model.logits(tokens[:hparams["n_ctx"] - n])
     np.testing.assert_allclose(model.logits(tokens, n_last=n), expected[-n:], rtol=1e-5, atol=1e-5)
-    plain = gpt2.GPT2Model(params, hparams, panels=False)
+    plain = gpt2.GPT2Model(params, hparams, layout="plain")
     np.testing.assert_allclose(plain.logits(tokens, n_last=n), expected[-n:], rtol=1e-5, atol=1e-5)
 
 
@@ -314,21 +299,28 @@ def test_model_accepts_lists(cache_setup):
 
 def test_panels_keep_the_numbers_and_the_callers_params(cache_setup):
     params, _, _ = cache_setup
-    model = gpt2.GPT2Model(params, CACHE_HPARAMS)
+    model = gpt2.GPT2Model(params, CACHE_HPARAMS, layout="panels")
     for block, laid_out in zip(params["blocks"], model.params["blocks"]):
         for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
             w, fast = block[group][layer]["w"], laid_out[group][layer]["w"]
-            assert isinstance(fast, gpt2.ColumnPanels) and fast.dtype == np.float32
+            assert isinstance(fast, layouts.PlannedMatrix) and fast.dtype == np.float32
+            assert list(fast.stored) == ["panels"]  # held once, in panels only
             n_in, n_out = w.shape
-            unstacked = fast.panels.transpose(1, 0, 2).reshape(n_in, -1)
+            unstacked = fast.stored["panels"].panels.transpose(1, 0, 2).reshape(n_in, -1)
             assert np.array_equal(unstacked[:, :n_out], w) and not unstacked[:, n_out:].any()
             assert isinstance(w, np.ndarray) and w.flags.c_contiguous  # the caller's arrays are left as they were
             assert laid_out[group][layer]["b"] is block[group][layer]["b"]  # unchanged arrays are shared
     assert model.params["wte"] is params["wte"]
-    unembedding = model.unembedding.panels.transpose(1, 0, 2).reshape(CACHE_HPARAMS["n_embd"], -1)
+    unembedding = model.unembedding.stored["panels"].panels.transpose(1, 0, 2).reshape(CACHE_HPARAMS["n_embd"], -1)
     assert np.array_equal(unembedding[:, :CACHE_HPARAMS["n_vocab"]], params["wte"].T)
-    plain = gpt2.GPT2Model(params, CACHE_HPARAMS, panels=False)
+    plain = gpt2.GPT2Model(params, CACHE_HPARAMS, layout="plain")
     assert plain.params is params and plain.unembedding is None
+    both = gpt2.GPT2Model(params, CACHE_HPARAMS, layout=MIXED_PLAN)
+    w = both.params["blocks"][0]["mlp"]["c_fc"]["w"]
+    assert w.stored["plain"] is params["blocks"][0]["mlp"]["c_fc"]["w"]  # the plain layout is the caller's array
+    assert w.nbytes == w.stored["plain"].nbytes + w.stored["panels"].nbytes
+    with pytest.raises(ValueError, match="unknown layout"):
+        gpt2.GPT2Model(params, CACHE_HPARAMS, layout="columns")
 
 
 # ------------------------------------------------------------------------------------------ context limit

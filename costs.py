@@ -1,0 +1,196 @@
+"""This machine's costs of speculative sampling, measured, and the K they call for.
+
+Leviathan et al.'s expected speedup, E[tokens per loop] / (K c + v(K + 1)), needs two numbers the paper
+treats as given: c, a draft step over a target decode step, and v(m), what the target's call scoring m new
+tokens after a cached prefix costs, in decode steps (1 on an accelerator, where scoring 1 or 8 tokens costs
+about the same; 1.2 to 3 on the CPUs we measured, README Speed). `measure_costs` times both for the models at
+hand (about a second); `MeasuredCosts` turns them into the expected speedup for any alpha and K, the K that
+maximises it, and the alpha below which no K pays. `AutoK` is a draft that chooses K before every loop from
+the alpha measured so far in the run (main.py --K auto), and proposes nothing (a plain step) when no K pays.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import sampling
+
+MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up to 15
+# AutoK's prior on alpha before any draft is judged, Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): mean 0.7 (the bundled
+# pair's alpha at temperature 1 on held-out text), weighing as much as four judged drafts, so that the run's own
+# evidence outweighs it within a loop or two
+PRIOR_ACCEPTED, PRIOR_REJECTED = 2.8, 1.2
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """What a target decode step, a draft step and the target's scoring of m tokens cost on this machine."""
+
+    decode_step_seconds: float  # the target: one new token after a cached prefix, to its probabilities
+    draft_step_seconds: float  # the draft likewise (0 for a draft that is not a model: a lookup costs microseconds)
+    verify_steps: tuple  # v(m) for m = 1, 2, ...: m new tokens in one target call, in decode steps (v(1) = 1)
+
+    @property
+    def cost_ratio(self):  # Leviathan et al.'s c
+        return self.draft_step_seconds / self.decode_step_seconds
+
+    @property
+    def K_max(self):
+        return len(self.verify_steps) - 1
+
+    def v(self, m):
+        return self.verify_steps[m - 1]
+
+    def expected_speedup(self, alpha, K):
+        """The formula at this machine's c and v(K + 1); K = 0 is autoregressive decoding itself, 1x."""
+        return sampling.expected_speedup(alpha, self.cost_ratio, K, self.v(K + 1)) if K else 1.0
+
+    def best_K(self, alpha, K_max=None):
+        """The K in 0 .. K_max with the highest expected speedup (the smallest on ties); 0 when none beats 1x."""
+        K_max = self.K_max if K_max is None else min(K_max, self.K_max)
+        return max(range(K_max + 1), key=lambda K: (self.expected_speedup(alpha, K), -K))
+
+    def break_even_alpha(self, K):
+        """The alpha at which K drafts per loop start to pay (expected speedup 1), or None if even alpha = 1 loses.
+
+        The expected speedup grows with alpha, so bisection finds it."""
+        if self.expected_speedup(1.0, K) <= 1:
+            return None
+        low, high = 0.0, 1.0
+        for _ in range(50):
+            middle = (low + high) / 2
+            low, high = (middle, high) if self.expected_speedup(middle, K) <= 1 else (low, middle)
+        return high
+
+    def lowest_break_even(self, K_max=None):
+        """(alpha, K): the lowest alpha at which some K pays and that K; (None, None) if no K pays at any alpha."""
+        K_max = self.K_max if K_max is None else min(K_max, self.K_max)
+        candidates = [(self.break_even_alpha(K), K) for K in range(1, K_max + 1)]
+        candidates = [(alpha, K) for alpha, K in candidates if alpha is not None]
+        return min(candidates) if candidates else (None, None)
+
+    def as_dict(self):
+        return {"decode_step_seconds": self.decode_step_seconds, "draft_step_seconds": self.draft_step_seconds,
+                "cost_ratio": self.cost_ratio, "verify_steps": list(self.verify_steps)}
+
+
+def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_scored=MAX_SCORED, budget_seconds=1.0,
+                  min_rounds=3):
+    """Time, on this machine, the target scoring m = 1 .. max_scored new tokens after the prefix x and a draft
+    step after x, as speculative sampling calls them (through sampling.next_token_probs, cache rolled back).
+
+    target, draft: models with `logits` (gpt2.GPT2Model, gpt2_jax.JaxGPT2Model); a draft without one (a
+    prompt-lookup draft) costs 0. The calls interleave round by round, so that the machine's drift touches
+    them alike, after one warm-up round; rounds go on until budget_seconds are spent (at least min_rounds),
+    and each cost is a median. The models' caches are reset afterwards.
+    """
+    x = [int(token) for token in x]
+    max_scored = min(max_scored, target.n_ctx - len(x))
+    if max_scored < 2:
+        raise ValueError(f"measuring needs room for 2 new tokens after the {len(x)}-token prefix (context {target.n_ctx})")
+    new_tokens = (x * max_scored)[:max_scored]  # any tokens will do: the cost does not depend on which
+    draft_is_model = hasattr(draft, "logits")
+
+    def timed(model, m):  # one call scoring m new tokens after x; n_last = m rolls the cache back to x
+        start = time.perf_counter()
+        sampling.next_token_probs(model, x + new_tokens[:m], m, settings)
+        return time.perf_counter() - start
+
+    target_times = {m: [] for m in range(1, max_scored + 1)}
+    draft_times = []
+    started, rounds = time.perf_counter(), 0
+    while rounds <= min_rounds or time.perf_counter() - started < budget_seconds:
+        kept = rounds > 0  # the first round warms up
+        for m in target_times:
+            if draft_is_model:  # a draft step between the target's calls, as in the loop, where the target's
+                draft_seconds = timed(draft, 1)  # weights pass through the cache in between
+                draft_times += [draft_seconds] * kept
+            target_times[m] += [timed(target, m)] * kept
+        rounds += 1
+    for model in (target, draft):
+        if hasattr(model, "reset"):
+            model.reset()
+    decode_step = statistics.median(target_times[1])
+    return MeasuredCosts(decode_step_seconds=decode_step,
+                         draft_step_seconds=statistics.median(draft_times) if draft_is_model else 0.0,
+                         verify_steps=tuple(statistics.median(target_times[m]) / decode_step for m in target_times))
+
+
+class AutoK:
+    """A draft that chooses its K before every loop: the K that maximises the expected speedup at this machine's
+    measured costs and the alpha measured so far in the run, or none (a plain autoregressive step) when no K pays.
+
+    alpha is estimated as the mean of a Beta posterior: the prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED) plus the
+    run's accepted and rejected drafts (sampling.SpeculativeStats counts them). Where the mean says no K pays
+    but the posterior's upper side (mean + one standard deviation) says one might, the loop drafts one token,
+    the cheapest probe: a plain step yields no evidence, and without probes one early rejection would end
+    speculation for good. As judged drafts accumulate, the upper side closes in on the mean and the probes
+    stop. Choosing K from the past only changes speed, never the output distribution: each loop is still
+    Algorithm 2 with that loop's K. `chosen` lists the K of every loop. Pass it to a decoder as the draft,
+    with K the largest K to consider.
+    """
+
+    def __init__(self, draft, costs, prior_accepted=PRIOR_ACCEPTED, prior_rejected=PRIOR_REJECTED):
+        self.draft, self.costs, self.prior = draft, costs, (prior_accepted, prior_rejected)
+        for name in ("n_vocab", "n_ctx"):  # what sampling.prepare checks against the target
+            if hasattr(draft, name):
+                setattr(self, name, getattr(draft, name))
+        self.chosen = []
+
+    def reset(self):
+        """A new sequence: forget the K chosen (the draft model forgets its cache)."""
+        self.chosen = []
+        if hasattr(self.draft, "reset"):
+            self.draft.reset()
+
+    def alpha(self, stats, spread=0.0):
+        """The posterior mean of alpha, plus `spread` posterior standard deviations (at most 1)."""
+        accepted, rejected = self.prior[0] + stats.accepted, self.prior[1] + stats.rejected
+        n = accepted + rejected
+        mean = accepted / n
+        return min(1.0, mean + spread * (mean * (1 - mean) / (n + 1)) ** 0.5)
+
+    def propose(self, x, K, settings, rng, stats):  # sampling.draw_drafts' contract for a draft with propose
+        K_n = self.costs.best_K(self.alpha(stats), K_max=K)
+        if K_n == 0 and K >= 1 and self.costs.best_K(self.alpha(stats, spread=1.0), K_max=K) > 0:
+            K_n = 1  # a probe: the evidence so far cannot rule out that speculation pays
+        self.chosen.append(K_n)
+        return sampling.draw_drafts(self.draft, x, K_n, settings, rng, stats)
+
+
+def describe(costs, K=None):
+    """Sentences for a report: the costs, and whether and from which alpha speculation can pay here."""
+    lines = [f"a target decode step {1e3 * costs.decode_step_seconds:.2f} ms, a draft step "
+             f"{1e3 * costs.draft_step_seconds:.2f} ms (c = {costs.cost_ratio:.2f}); scoring K + 1 tokens costs "
+             + ", ".join(f"{costs.v(m):.2f}" for m in (2, 3, 5, 9) if m <= len(costs.verify_steps))
+             + " decode steps for K = " + ", ".join(str(m - 1) for m in (2, 3, 5, 9) if m <= len(costs.verify_steps))]
+    alpha, best = costs.lowest_break_even()
+    if alpha is None:
+        lines.append("on this machine no K can pay at any alpha: even a draft that is always accepted yields K + 1 "
+                     "tokens for K c + v(K + 1) steps, which is more here (so --K auto decodes autoregressively)")
+    else:
+        lines.append(f"speculation pays here only when alpha exceeds {alpha:.2f} (at K = {best}); below that, every "
+                     "loop costs more than the tokens it yields")
+    if K is not None and 1 <= K <= costs.K_max and costs.break_even_alpha(K) is not None:
+        lines[-1] += f"; at K = {K} from alpha {costs.break_even_alpha(K):.2f}"
+    return lines
+
+
+def geometric_accepted_lengths(alpha, K):
+    """P(a loop accepts exactly j drafts), j = 0 .. K, when each is accepted independently with probability alpha."""
+    return np.array([alpha**j * (1 - alpha) for j in range(K)] + [alpha**K])
+
+
+def accepted_lengths(origins):
+    """The drafts each speculative loop accepted, from a run's origins: a run of "accepted" ended by a
+    "corrected" or "bonus" token is one loop; a "target" token (a loop with no drafts) is no speculation."""
+    lengths, run = [], 0
+    for origin in origins:
+        if origin == "accepted":
+            run += 1
+        elif origin in ("corrected", "bonus"):
+            lengths.append(run)
+            run = 0
+    return lengths

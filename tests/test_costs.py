@@ -1,0 +1,123 @@
+"""costs.py: the formula at measured costs, the best K and the break-even alpha, the measurement itself on
+small models, and AutoK, which chooses K every loop and never changes the greedy tokens."""
+
+import numpy as np
+import pytest
+
+import costs
+import gpt2
+import sampling
+from test_exactness import HPARAMS, perturbed, random_target
+
+
+def flat_costs(c, v=1.0, max_scored=16):
+    """Costs with a draft step of c decode steps and every verification costing v steps (v(1) = 1)."""
+    return costs.MeasuredCosts(decode_step_seconds=0.01, draft_step_seconds=0.01 * c,
+                               verify_steps=(1.0,) + (v,) * (max_scored - 1))
+
+
+def test_expected_speedup_is_the_formula_at_the_measured_verification_cost():
+    measured = costs.MeasuredCosts(0.01, 0.002, (1.0, 1.5, 1.7, 2.0, 2.2))
+    assert measured.cost_ratio == pytest.approx(0.2) and measured.K_max == 4
+    assert measured.expected_speedup(0.8, 3) == pytest.approx(sampling.expected_tokens_per_loop(0.8, 3) / (3 * 0.2 + 2.0))
+    assert measured.expected_speedup(0.8, 0) == 1.0  # no drafts: autoregressive decoding itself
+
+
+def test_K_1_pays_exactly_when_alpha_exceeds_c_with_verification_at_one_step():
+    for c in (0.1, 0.3, 0.6):
+        measured = flat_costs(c)
+        assert measured.expected_speedup(c + 0.01, 1) > 1 > measured.expected_speedup(c - 0.01, 1)
+        assert measured.expected_speedup(0.5, 1) == pytest.approx((1 + 0.5) / (1 + c))
+        assert measured.break_even_alpha(1) == pytest.approx(c, abs=1e-9)
+
+
+def test_best_K_maximises_the_expected_speedup_and_is_zero_when_nothing_pays():
+    measured = flat_costs(0.1)
+    for alpha in (0.5, 0.8, 0.95):
+        best = measured.best_K(alpha)
+        assert all(measured.expected_speedup(alpha, best) >= measured.expected_speedup(alpha, K) for K in range(16))
+    assert measured.best_K(0.95) > measured.best_K(0.5) >= 1  # a better draft is worth more drafts
+    assert measured.best_K(0.95, K_max=3) == 3
+    costly = flat_costs(0.3, v=2.5)  # a CPU where verification costs 2.5 steps and the draft a third of one
+    assert costly.best_K(0.6) == 0 and costly.lowest_break_even()[0] > 0.6
+    hopeless = flat_costs(1.0, v=1.5)  # a draft as costly as the target: K + 1 tokens for K + 1.5 steps
+    assert hopeless.lowest_break_even() == (None, None) and hopeless.best_K(1.0) == 0
+    assert "no K can pay" in " ".join(costs.describe(hopeless))
+
+
+def test_break_even_alpha_is_where_the_speedup_crosses_one():
+    measured = costs.MeasuredCosts(0.01, 0.003, tuple([1.0, 1.4, 1.6, 1.8, 2.0, 2.1, 2.2, 2.3, 2.4]))
+    for K in range(1, 9):
+        alpha = measured.break_even_alpha(K)
+        if alpha is None:
+            assert measured.expected_speedup(1.0, K) <= 1
+        else:
+            assert measured.expected_speedup(alpha, K) == pytest.approx(1.0, abs=1e-6)
+    alpha, K = measured.lowest_break_even()
+    assert alpha == min(a for a in (measured.break_even_alpha(k) for k in range(1, 9)) if a is not None)
+    assert "pays here only when alpha exceeds" in " ".join(costs.describe(measured, K=4))
+
+
+def test_accepted_lengths_read_the_loops_from_the_origins():
+    origins = ["accepted", "accepted", "corrected", "bonus", "target", "accepted", "bonus", "corrected"]
+    assert costs.accepted_lengths(origins) == [2, 0, 1, 0]  # the plain step is no loop of speculation
+    geometric = costs.geometric_accepted_lengths(0.7, 4)
+    assert geometric.sum() == pytest.approx(1.0) and geometric[-1] == pytest.approx(0.7**4)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target_params = random_target()
+    return (gpt2.GPT2Model(perturbed(target_params, 0.05, 1), HPARAMS), gpt2.GPT2Model(target_params, HPARAMS))
+
+
+def test_measure_costs_gives_every_verification_length_in_decode_steps(pair):
+    draft, target = pair
+    measured = costs.measure_costs(target, draft, [1, 2, 3, 4], budget_seconds=0.1, max_scored=8)
+    assert len(measured.verify_steps) == 8 and measured.verify_steps[0] == 1.0
+    assert measured.decode_step_seconds > 0 and measured.draft_step_seconds > 0
+    assert all(v > 0 for v in measured.verify_steps)
+    assert len(target.cached_tokens) == len(draft.cached_tokens) == 0  # left reset
+    no_room = [1] * (HPARAMS["n_ctx"] - 1)
+    with pytest.raises(ValueError, match="room"):
+        costs.measure_costs(target, draft, no_room)
+    assert costs.measure_costs(target, object(), [1, 2, 3], budget_seconds=0.05).draft_step_seconds == 0
+
+
+def test_auto_K_decodes_the_autoregressive_tokens_and_chooses_none_where_nothing_pays(pair):
+    draft, target = pair
+    prompt = [5, 6, 7]
+    expected = sampling.autoregressive_sampling(prompt, target, 30, temperature=0)
+    paying, hopeless = costs.AutoK(draft, flat_costs(0.05)), costs.AutoK(draft, flat_costs(1.0, v=1.5))
+    for auto in (paying, hopeless):
+        stats = sampling.SpeculativeStats()
+        out = sampling.speculative_sampling(prompt, auto, target, 30, 8, temperature=0, stats=stats)
+        np.testing.assert_array_equal(out, expected)
+        assert len(auto.chosen) == stats.loops
+    assert set(hopeless.chosen) == {0}  # every loop a plain step
+    assert max(paying.chosen) >= 4 and all(K <= 8 for K in paying.chosen)  # the cap is the decoder's K
+    assert paying.n_vocab == draft.n_vocab and paying.n_ctx == draft.n_ctx
+    paying.reset()
+    assert paying.chosen == [] and len(draft.cached_tokens) == 0
+
+
+def test_auto_K_follows_the_runs_alpha():
+    auto = costs.AutoK(None, flat_costs(0.1))
+    stats = sampling.SpeculativeStats()
+    prior = auto.alpha(stats)
+    assert prior == pytest.approx(costs.PRIOR_ACCEPTED / (costs.PRIOR_ACCEPTED + costs.PRIOR_REJECTED))
+    stats.record_tokens("accepted", 40)
+    assert auto.alpha(stats) > 0.95 > prior
+    stats.record_tokens("corrected", 60)
+    assert auto.alpha(stats) < 0.45
+
+
+def test_auto_K_probes_with_one_draft_while_the_evidence_is_thin():
+    costly = flat_costs(0.3, v=1.8)  # break-even alpha about 0.8 here
+    auto = costs.AutoK(None, costly)
+    stats = sampling.SpeculativeStats()
+    stats.record_tokens("corrected")  # one early rejection pulls the mean below break-even...
+    assert costly.best_K(auto.alpha(stats)) == 0 and costly.best_K(auto.alpha(stats, spread=1.0)) > 0
+    stats.record_tokens("accepted", 10)
+    stats.record_tokens("corrected", 30)  # ...but much evidence of a poor draft ends the probes
+    assert costly.best_K(auto.alpha(stats, spread=1.0)) == 0

@@ -1,0 +1,115 @@
+"""layouts.py: column panels and planned matrices multiply like the matrix; a plan follows the measured costs
+(one layout, both where each gains enough and memory allows, padding where more rows cost less); the
+measurement gives a valid plan for a model's own weights, once per process."""
+
+import numpy as np
+import pytest
+
+import gpt2
+import layouts
+from gpt2_cases import random_params
+
+ROWS = range(1, layouts.MAX_ROWS + 1)
+
+
+@pytest.mark.parametrize("n_out", [1, 31, 32, 33, 100])
+def test_column_panels_multiply_like_the_matrix(n_out):
+    rng = np.random.default_rng(n_out)
+    w = rng.standard_normal((24, n_out), dtype=np.float32)
+    panels = layouts.ColumnPanels(w)
+    assert panels.panels.shape == (-(-n_out // 32), 24, 32) and panels.panels.flags.c_contiguous
+    assert panels.shape == w.shape and panels.dtype == np.float32
+    for m in range(1, 17):
+        x = rng.standard_normal((m, 24), dtype=np.float32)
+        product = x @ panels
+        assert product.shape == (m, n_out) and product.dtype == np.float32
+        np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("plan", [layouts.fixed_plan("plain"), layouts.fixed_plan("panels"),
+                                  layouts.LayoutPlan(("plain",) + ("panels",) * 15, (2, 2, 6, 6, 6, *range(6, 17)))],
+                         ids=["plain", "panels", "both, padded"])
+def test_planned_matrices_multiply_like_the_matrix_for_any_row_count(plan):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((24, 70), dtype=np.float32)
+    matrix = layouts.PlannedMatrix(w, plan)
+    assert matrix.shape == w.shape and set(matrix.stored) == set(plan.kept)
+    for m in [*ROWS, 17, 40]:  # past MAX_ROWS, the layout measured for 16
+        x = rng.standard_normal((m, 24), dtype=np.float32)
+        product = x @ matrix
+        assert product.shape == (m, 70) and product.dtype == np.float32
+        np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gpt2.linear(x, matrix, np.ones(70, np.float32)), x @ w + 1, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_must_feed_at_least_m_rows_and_name_known_layouts():
+    with pytest.raises(ValueError, match="at least m rows"):
+        layouts.LayoutPlan(("plain",) * 16, (1, 1, *range(3, 17)))
+    with pytest.raises(ValueError, match="one of"):
+        layouts.LayoutPlan(("columns",) * 16, tuple(ROWS))
+    plan = layouts.fixed_plan("panels")
+    assert plan.rows(5) == 5 and plan.rows(300) == 300 and plan.layout(300) == "panels" and plan.kept == ("panels",)
+
+
+# measured shapes of the two CPUs this kit was measured on (README, Speed), in one plain row's time
+ZEN3_LIKE = {"plain": [1.0, 1.8, 2.3, 1.8, 2.4, 2.5, 2.7, 2.7, 2.8, 2.8, 2.8, 2.5, 2.9, 2.9, 3.0, 2.9],
+             "panels": [1.15, 1.7, 2.1, 2.0, 2.1, 2.0, 2.5, 2.0, 2.4, 2.5, 3.0, 2.3, 2.6, 2.6, 3.0, 2.4]}
+ZEN5_LIKE = {"plain": [1.0, 2.9, 3.0, 3.2, 3.4, 3.4, 3.3, 3.3, 3.4, 3.4, 3.5, 3.5, 3.5, 3.6, 3.7, 3.7],
+             "panels": [0.96, 0.98, 1.18, 1.20, 1.20, 1.23, 1.4, 1.54, 1.6, 1.7, 1.8, 1.86, 2.0, 2.1, 2.3, 2.4]}
+GB = 2**30
+
+
+def test_plan_keeps_one_layout_when_it_wins_one_row_and_several():
+    plan = layouts.plan_from_costs(ZEN5_LIKE, weights_bytes=GB, memory_bytes=24 * GB)
+    assert plan.kept == ("panels",)
+    assert plan.costs["panels"] == tuple(ZEN5_LIKE["panels"])
+    assert all(rows >= m for m, rows in zip(ROWS, plan.rows_to_feed))
+
+
+def test_plan_keeps_both_where_each_gains_enough_and_memory_allows():
+    plan = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
+    assert plan.layouts[0] == "plain" and set(plan.layouts[1:]) == {"panels"}
+    # the same costs for a model too large to hold twice: the layout with the larger advantage serves all
+    large = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=4 * GB, memory_bytes=24 * GB)
+    assert len(large.kept) == 1
+    # and a one-row gain below GAIN_WORTH_A_CHOICE is not worth holding the weights twice
+    close = dict(ZEN3_LIKE, panels=[1.02] + ZEN3_LIKE["panels"][1:])
+    assert layouts.plan_from_costs(close, weights_bytes=GB // 2, memory_bytes=24 * GB).kept == ("panels",)
+
+
+def test_plan_pads_rows_only_where_more_rows_are_measurably_cheaper():
+    plan = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
+    assert plan.rows_to_feed[2] == 3  # 4 rows (2.0) are cheaper than 3 (2.1), but by less than 5%
+    assert plan.rows_to_feed[6] == 8  # 7 rows (2.5) fed as 8 (2.0)
+    assert plan.rows_to_feed[10] == 12  # 11 rows (3.0) fed as 12 (2.3)
+    costs = [plan.costs[plan.layout(rows)][rows - 1] for rows in plan.rows_to_feed]
+    assert all(cost <= plan.costs[plan.layout(m)][m - 1] for m, cost in zip(ROWS, costs))
+    flat = {"plain": [1.0] * 16, "panels": [1.5] * 16}  # equal costs: nothing is padded
+    assert layouts.plan_from_costs(flat, weights_bytes=GB).rows_to_feed == tuple(ROWS)
+
+
+def test_fast_layout_gives_the_params_back_when_the_plan_is_plain_as_they_are():
+    params = random_params(dict(n_vocab=50, n_ctx=16, n_embd=16, n_head=2, n_layer=2), seed=0)
+    laid_out, unembedding = layouts.fast_layout(params, layouts.fixed_plan("plain"))
+    assert laid_out is params and unembedding is None
+
+
+def test_measured_plan_is_valid_and_measured_once_per_shapes():
+    hparams = dict(n_vocab=300, n_ctx=32, n_embd=64, n_head=4, n_layer=2)
+    params = random_params(hparams, seed=0)
+    layouts.MEASURED_PLANS.clear()
+    plan = layouts.measure_plan(params)
+    assert len(plan.layouts) == len(plan.rows_to_feed) == layouts.MAX_ROWS
+    assert all(cost > 0 for costs in plan.costs.values() for cost in costs) and plan.costs["plain"][0] == 1
+    assert layouts.measure_plan(random_params(hparams, seed=1)) is plan  # the same shapes: not measured again
+    assert len(layouts.MEASURED_PLANS) == 1
+
+
+def test_probe_stops_once_it_holds_enough_bytes():
+    params = random_params(dict(n_vocab=50, n_ctx=16, n_embd=16, n_head=2, n_layer=3), seed=0)
+    every = layouts.weight_matrices(params)
+    assert len(every) == 4 * 3 + 1 and every[-1].shape == (16, 50)
+    same = lambda probe, expected: len(probe) == len(expected) and all(a is b or a.base is b.base
+                                                                         for a, b in zip(probe, expected))
+    assert same(layouts.probe_matrices(params, probe_bytes=10**9), every)
+    assert same(layouts.probe_matrices(params, probe_bytes=every[0].nbytes), every[:1])
