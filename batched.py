@@ -97,6 +97,7 @@ def batched_gpt2(tokens, feed, n_out, wte, wpe, blocks, ln_f, n_head, cache, une
         x = batched_block(x, **block, n_head=n_head, kv_cache=layer_cache, feed=feed)
     last = np.maximum(feed.n_new[:, None] - n_out + np.arange(n_out), 0)  # [n_rows, n_out]: the positions asked for
     x = x.reshape(n_rows, m, -1)[np.arange(n_rows)[:, None], last].reshape(n_rows * n_out, -1)
+    unembedding = wte.T if unembedding is None else unembedding  # tied to the token embedding
     logits = gpt2.layer_norm(x, **ln_f) @ unembedding  # [n_rows*n_out, n_embd] -> [n_rows*n_out, n_vocab]
     return logits.reshape(n_rows, n_out, -1)
 
@@ -111,14 +112,18 @@ class BatchedGPT2Model:
     its last n_last[i] positions, as one float32 array [len(rows), max(n_last), n_vocab] right-aligned:
     row i's are out[i, -n_last[i]:]. Like GPT2Model, each row first rolls back to the longest prefix of
     its sequence that it has cached (a length change) and feeds the rest, all rows in one pass.
+    `layout` is GPT2Model's: "auto" measures which layout multiplies faster on this machine, "plain" keeps
+    the checkpoint's arrays, "panels" column panels (layouts.py).
     """
 
-    def __init__(self, params, hparams, batch_size):
+    def __init__(self, params, hparams, batch_size, layout="auto"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.hparams, self.batch_size = hparams, int(batch_size)
         self.n_vocab, self.n_ctx, self.n_head = hparams["n_vocab"], hparams["n_ctx"], hparams["n_head"]
-        self.params, self.unembedding = gpt2.fast_layout(params)  # the weights GPT2Model multiplies by
+        self.params, self.unembedding = params, None  # layout "plain": the checkpoint's arrays as they are
+        if layout != "plain":  # the weights as GPT2Model multiplies them (gpt2.fast_layout, layouts.py)
+            self.params, self.unembedding = gpt2.fast_layout(params, layout)
         head_dim = hparams["n_embd"] // self.n_head
         shape = (self.batch_size, self.n_head, self.n_ctx, head_dim)  # untouched positions cost no memory
         self.cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(hparams["n_layer"])]

@@ -49,11 +49,12 @@ def pair():
 # ------------------------------------------------------------------------------------------ the model
 
 
-def test_each_rows_logits_equal_gpt2s_at_its_own_length_and_after_rollbacks():
+@pytest.mark.parametrize("layout", ["plain", "panels", "auto"])
+def test_each_rows_logits_equal_gpt2s_at_its_own_length_and_after_rollbacks(layout):
     hparams = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)
     params = random_params(hparams, seed=10)
     tokens = np.random.default_rng(11).integers(0, hparams["n_vocab"], size=(4, hparams["n_ctx"]))
-    model = batched.BatchedGPT2Model(params, hparams, batch_size=4)
+    model = batched.BatchedGPT2Model(params, hparams, batch_size=4, layout=layout)
     reference = lambda x: gpt2.gpt2(x, **params, n_head=hparams["n_head"])
 
     def check(rows, lengths, n_last):
