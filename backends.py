@@ -3,7 +3,11 @@
 Both give the same interface (gpt2.GPT2Model's): `logits(x, n_last)`, `reset()`, `n_vocab`, `n_ctx` and
 the `__call__` of jaymody/speculative-sampling's model contract. JAX's model also has `draft()`, K draft
 steps in one device call, and `decoders` gives a JAX pair sampling_jax's decoders, whose whole loop runs on the device.
+`make_batched_model` and `batched_decoders` do the same for several sequences at once (batched.py,
+batched_sampling.py, sampling_jax's batched loops).
 """
+
+import types
 
 import gpt2
 
@@ -44,3 +48,26 @@ def decoders(target, draft=None):
     import sampling
 
     return sampling
+
+
+def make_batched_model(params, hparams, batch_size, backend="numpy", dtype="float32"):
+    """A model for batch_size sequences at once: batched.BatchedGPT2Model (NumPy), or the JAX model itself,
+    whose batched device loops (sampling_jax) keep one cache per row."""
+    if backend == "numpy" and dtype == "float32":
+        import batched
+
+        return batched.BatchedGPT2Model(params, hparams, batch_size)
+    return make_model(params, hparams, backend, dtype)  # the same checks and messages as for one sequence
+
+
+def batched_decoders(target):
+    """batched_sampling (NumPy), or for a JAX target sampling_jax's batched device loops, under the same names:
+    autoregressive_sampling and speculative_sampling over a list of rows, row i as it would decode alone."""
+    if hasattr(target, "device_forward"):
+        import sampling_jax
+
+        return types.SimpleNamespace(autoregressive_sampling=sampling_jax.batched_autoregressive_sampling,
+                                     speculative_sampling=sampling_jax.batched_speculative_sampling)
+    import batched_sampling
+
+    return batched_sampling

@@ -7,6 +7,8 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
     python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
     python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
     python main.py --json        # one JSON object as the last line of stdout
+    python main.py --batch_size 8 --temperature 1     # eight sequences at once (batch_mode.py)
+    python main.py --prompt "def add(a, b):" --prompt "class Queue:"   # a batch of two prompts
 
 Every decoder starts from the same prompt, the same seed and empty caches. Each decoder runs once
 untimed (to warm the models' memory and caches, and to let JAX compile), then --repeats timed runs of
@@ -17,6 +19,7 @@ target accepted, the target's correction after a rejection, or the bonus token t
 accepts all K. Before the runs, costs.py measures what a target decode step, a draft step and the
 target's scoring of 1 to 16 tokens cost on this machine (about a second); the report sets the measured
 speedup beside what the formula expects from them, and says from which alpha speculation can pay here.
+With --batch_size B, or --prompt given several times, the decoders run over a batch (batch_mode.py).
 Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded where possible.
 `python main.py --help` lists the flags.
 """
@@ -37,6 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 import backends
+import batch_mode
 import costs
 import drafts
 import sampling
@@ -54,7 +58,8 @@ DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def
 BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 # every flag of main(), with what its value looks like and what it does (--help prints these)
 FLAG_HELP = {
-    "prompt": ("TEXT", "the text to continue; an empty prompt starts from <|endoftext|>"),
+    "prompt": ("TEXT", "the text to continue; an empty prompt starts from <|endoftext|>; given several times, a batch "
+                       "of different prompts"),
     "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
     "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
                                  "or prompt-lookup (drafts copied from the text so far)"),
@@ -72,6 +77,8 @@ FLAG_HELP = {
     "color": (None, "colour the speculative text by where each token came from"),
     "backend": ("NAME", "numpy, or jax (needs jax: pip install -r requirements-jax.txt)"),
     "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
+    "batch_size": ("INT", "sequences decoded at once: B copies of the prompt, row i with seed + i (--prompt given "
+                          "several times: one row each)"),
 }
 FLAGS = tuple(FLAG_HELP)
 BOOLEAN_FLAGS = ("json", "color")
@@ -84,7 +91,7 @@ RESET = "\x1b[0m"
 def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach-draft",
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0, seed=123,
          decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
-         dtype="float32"):
+         dtype="float32", batch_size=None):
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
@@ -92,17 +99,24 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     models_dir: None is the bundled models/ beside this file. repeats: timed runs of each decoder.
     color: None colours on a terminal unless the NO_COLOR environment variable is set; True or False
     forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
+    prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the number
+    of rows (B copies of a single prompt). A batch runs in batch_mode.py.
     Returns the result dict that --json prints.
     """
     decoders = parse_decoders(decoder)
     check_flags(n_tokens_to_generate, K, seed, repeats, decoders, temperature, backend, dtype)
     settings = sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
-    check_strings(prompt=prompt, draft_model_size=draft_model_size, target_model_size=target_model_size,
-                  models_dir=models_dir)
+    prompts = list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
+    for text in prompts:
+        check_strings(None, prompt=text)
+    check_strings(draft_model_size=draft_model_size, target_model_size=target_model_size, models_dir=models_dir)
+    B = batch_rows(batch_size, prompts, decoders, K, draft_model_size)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
     lookup = draft_model_size == PROMPT_LOOKUP
     for name in ([] if lookup else [draft_model_size]) + [target_model_size]:
-        check_context_early(prompt, n_tokens_to_generate, name, models_dir)
+        for text in set(prompts):
+            check_context_early(text, n_tokens_to_generate, name, models_dir)
+    prompt = prompts[0]
 
     if not lookup:
         draft_encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(draft_model_size, models_dir)
@@ -113,6 +127,12 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
         all_hparams.append(draft_hparams)
     prompt_ids = encode_prompt(encoder, prompt)
     check_context(len(prompt_ids), n_tokens_to_generate, *all_hparams)
+    if B > 1:
+        return run_batch(prompts * (B // len(prompts)), (draft_params, draft_hparams), (target_params, target_hparams),
+                         encoder, decoders, settings, n_tokens_to_generate, backend, dtype, json, color,
+                         {"draft": draft_model_size, "target": target_model_size, "K": K, "temperature": temperature,
+                          "top_k": top_k, "top_p": top_p, "seed": seed, "n_tokens": n_tokens_to_generate,
+                          "repeats": repeats, "backend": backend, "dtype": dtype})
     target = backends.make_model(target_params, target_hparams, backend, dtype)
     draft = (drafts.PromptLookup(target_hparams["n_vocab"]) if lookup
              else backends.make_model(draft_params, draft_hparams, backend, dtype))
@@ -146,6 +166,31 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
         print(jsonlib.dumps(result))
     else:
         print_report(result, stats, encoder.decode, use_colour=wants_colour(color), measured=measured)
+    return result
+
+
+def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, dtype, json, color, flags):
+    """The batch mode of main: B rows, one per prompt, decoded at once (batch_mode.py). -> the result dict.
+
+    draft, target: (params, hparams) each; flags: what the result repeats of the command line.
+    """
+    rows = [encode_prompt(encoder, text) for text in prompts]
+    check_context(max(len(row) for row in rows), N, draft[1], target[1])
+    draft_model, target_model = (backends.make_batched_model(params, hparams, len(rows), backend, dtype)
+                                 for params, hparams in (draft, target))
+    explain_backend(backend, dtype)
+    explain_blas_kernels(backend)
+    runs, stats = batch_mode.run(decoders, prompts, rows, draft_model, target_model, encoder, N, flags["K"], settings,
+                                 flags["seed"], flags["repeats"])
+    result = {"prompt": prompts, "batch_size": len(rows), **flags,
+              **{name: runs.get(name) for name in ("autoregressive", "speculative")}}
+    result["speedup"] = batch_mode.add_speedup(runs)
+    if json:
+        print(jsonlib.dumps(result))
+    else:
+        colour = wants_colour(color)
+        batch_mode.print_report(result, stats, lambda tokens, origins: coloured_text(tokens, origins, encoder.decode)
+                                if colour else encoder.decode(tokens))
     return result
 
 
@@ -212,6 +257,25 @@ def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtyp
         raise ValueError(f"--repeats must be an integer >= 1, got {repeats!r}")
     if "assisted" in decoders and sampling.is_real(temperature) and temperature != 0:
         raise ValueError(f"the assisted decoder is greedy: it needs --temperature 0, got {temperature!r}")
+
+
+def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
+    """How many rows to decode: --batch_size, or one per --prompt; a batch's flags checked before any loading."""
+    if batch_size is not None and (not sampling.is_integer(batch_size) or batch_size < 1):
+        raise ValueError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
+    if not prompts:
+        raise ValueError("--prompt must be a text (or several), got an empty list")
+    B = len(prompts) if batch_size is None else batch_size
+    if len(prompts) > 1 and B != len(prompts):
+        raise ValueError(f"--batch_size {batch_size} disagrees with the {len(prompts)} prompts given: give one prompt "
+                         "for B copies of it, or one --prompt per row")
+    if B > 1:
+        if "assisted" in decoders:
+            raise ValueError("the assisted decoder has no batched form: a batch decodes with autoregressive and "
+                             "speculative (--decoder autoregressive,speculative)")
+        if K == "auto" or draft_model_size == PROMPT_LOOKUP:
+            raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto or prompt-lookup)")
+    return B
 
 
 def check_strings(models_dir, **texts):
@@ -497,7 +561,7 @@ def parse_arguments(argv):
     stray words as positional arguments (`main.py hello 5`). Here --json, --color and --help take no
     value (or =true, =false), every other flag takes one, and there are no positional arguments. A text
     flag's value may start with "-" unless it is one of main's flags (--prompt --K 3 lacks a prompt);
-    --prompt=--K is a prompt.
+    --prompt=--K is a prompt. --prompt given several times gives a list of prompts: a batch.
     """
     given, i = {}, 0
     while i < len(argv):
@@ -519,13 +583,16 @@ def parse_arguments(argv):
             value, i = follows, i + 1
         elif value == "" and name not in STRING_FLAGS:
             raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
-        given[name] = value  # a flag given twice keeps its last value, as fire and argparse do
+        if name == "prompt" and name in given:  # each --prompt is a row of a batch
+            value = [*(given[name] if isinstance(given[name], list) else [given[name]]), value]
+        given[name] = value  # any other flag given twice keeps its last value, as fire and argparse do
         i += 1
     return given
 
 
 def fire_command(given):
-    """The flags for fire to read: text quoted, so fire keeps it as typed ('a, b' would become a tuple, '42' an int)."""
+    """The flags for fire to read: text quoted, so fire keeps it as typed ('a, b' would become a tuple, '42' an int);
+    several prompts as a list of quoted texts."""
     command = []
     for name, value in given.items():
         if name in BOOLEAN_FLAGS:
@@ -541,7 +608,7 @@ def usage():
     """What --help prints: the examples above, then every flag with its default."""
     defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
     described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
-                          "color": "on a terminal, unless NO_COLOR is set"}
+                          "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt"}
     lines = ["usage: python main.py [--flag value ...]", "", __doc__.strip(), "", "flags [default]:"]
     for name, (metavar, description) in FLAG_HELP.items():
         syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"

@@ -281,6 +281,13 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--nojson=true"], "unknown flag --nojson"),
     (["--n_tokens_to_generate", "64"], "exceed the models' context of 64"),
     (["--target_model_size", "other-vocabulary", "--n_tokens_to_generate", "8"], "different vocabularies"),
+    # a batch: its size, and what has no batched form
+    (["--batch_size", "0"], "--batch_size must be an integer >= 1"),
+    (["--batch_size", "2.5"], "--batch_size must be an integer >= 1"),
+    (["--prompt", "a", "--batch_size", "3"], "--batch_size 3 disagrees with the 2 prompts"),
+    (["--batch_size", "2", "--decoder", "assisted", "--temperature", "0"], "no batched form"),
+    (["--batch_size", "2", "--K", "auto"], "a fixed --K"),
+    (["--prompt", "a", "--prompt", "b " * 70], "exceed the models' context of 64"),
 ])
 def test_bad_flags_get_a_short_error(models_dir, args, message):
     result = run_main(*PAIR, *args, models_dir=models_dir)
@@ -348,6 +355,10 @@ def test_flags_reach_main_as_typed():
                                                                                    "json": "false"}
     assert main.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
     assert main.parse_arguments(["--prompt="]) == {"prompt": ""}
+    # --prompt given several times: the rows of a batch, in order, passed to fire as a list of texts
+    given = main.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
+    assert given == {"prompt": ["a, b", "42", "--x"], "K": "2"}
+    assert main.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
     for bad in (["--tempreature", "1"], ["-z"], ["--no_such"], ["-t", "1"]):  # -t: temperature, top_k or top_p?
         with pytest.raises(ValueError, match="unknown flag"):
             main.parse_arguments(bad)
@@ -395,3 +406,71 @@ def test_a_note_when_the_environment_pins_openblas_below_the_cpu(monkeypatch, ca
     err = capsys.readouterr().err
     assert ("note: OPENBLAS_CORETYPE=Haswell" in err and "env -u OPENBLAS_CORETYPE" in err) is noted
     assert noted or err == ""
+
+
+# ---- several sequences at once (batch_mode.py) ---------------------------------------------------------
+
+
+def run_in_process(models_dir, capsys, prompt, seed, **flags):
+    """main.main on the tiny pair, its JSON swallowed: -> the result dict."""
+    result = main.main(prompt=prompt, seed=seed, draft_model_size="draft", target_model_size="target",
+                       models_dir=str(models_dir), repeats=1, json=True, **flags)
+    capsys.readouterr()
+    return result
+
+
+def test_a_batch_of_prompts_gives_each_row_as_the_one_sequence_run_gives_it(models_dir, capsys):
+    prompts = ["the cat", "a hat on the", "the"]
+    flags = dict(n_tokens_to_generate=10, K=3, temperature=0.8, top_k=40, top_p=0.95)
+    args = [arg for prompt in prompts for arg in ("--prompt", prompt)]
+    result = run_main("--draft_model_size", "draft", "--target_model_size", "target", *args, "--seed", "7",
+                      "--repeats", "2", "--json", *[f"--{name}={value}" for name, value in flags.items()],
+                      models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout.strip().splitlines()[-1])
+    assert output["prompt"] == prompts and output["batch_size"] == 3 and output["seed"] == 7
+    encoder = get_encoder_from_dir(models_dir / "target")
+    for name in ("autoregressive", "speculative"):
+        run = output[name]
+        assert len(run["seconds_per_run"]) == 2 and run["tokens_per_second"] == pytest.approx(30 / run["seconds"])
+        assert [row["prompt_tokens"] for row in run["rows"]] == [encoder.encode(prompt) for prompt in prompts]
+        for row in run["rows"]:
+            assert len(row["tokens"]) == 10 and row["text"] == encoder.decode(row["tokens"])
+    ratios = [a / s for a, s in zip(output["autoregressive"]["seconds_per_run"], output["speculative"]["seconds_per_run"])]
+    assert output["speedup"] == output["speculative"]["speedup"] == pytest.approx(statistics.median(ratios))
+    speculative = output["speculative"]
+    assert speculative["target_calls"] == speculative["loops"] == max(row["loops"] for row in speculative["rows"])
+    assert speculative["accepted"] == sum(row["accepted"] for row in speculative["rows"])
+    for i, prompt in enumerate(prompts):  # row i: the one-sequence run of its prompt with seed 7 + i
+        alone = run_in_process(models_dir, capsys, prompt, 7 + i, **flags)
+        assert output["autoregressive"]["rows"][i]["tokens"] == alone["autoregressive"]["tokens"]
+        row = speculative["rows"][i]
+        assert row["tokens"] == alone["speculative"]["tokens"]
+        for key in ("loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "corrected", "bonus"):
+            assert row[key] == alone["speculative"][key], (i, key)
+
+
+def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir, capsys):
+    flags = dict(n_tokens_to_generate=12, K=2, temperature=1.0)
+    result = run_in_process(models_dir, capsys, "the", 3, batch_size=4, **flags)
+    rows = [row["tokens"] for row in result["speculative"]["rows"]]
+    assert result["prompt"] == ["the"] * 4 and len(set(map(tuple, rows))) > 1  # distinct seeds: other samples
+    assert rows[0] == run_in_process(models_dir, capsys, "the", 3, **flags)["speculative"]["tokens"]
+    assert rows[3] == run_in_process(models_dir, capsys, "the", 6, **flags)["speculative"]["tokens"]
+    report = run_main(*PAIR, "--batch_size", "2", "--n_tokens_to_generate", "6", "--repeats", "1",
+                      "--temperature", "0", models_dir=models_dir)
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0].startswith("a batch of 2 rows") and "seeds 123..124" in lines[0]
+    assert any(line.startswith("speculative: ") and "tokens/s over all rows" in line for line in lines)
+    assert sum(line.startswith("row ") and "the same tokens as autoregressive" in line for line in lines) == 2
+
+
+def test_a_batch_on_the_jax_backend_gives_the_numpy_backends_rows(models_dir, capsys):
+    pytest.importorskip("jax")
+    flags = dict(n_tokens_to_generate=8, K=3, temperature=0.8, top_k=40, batch_size=2)
+    numpy_run, jax_run = (run_in_process(models_dir, capsys, ["the cat", "a"], 1, backend=backend, **flags)
+                          for backend in ("numpy", "jax"))
+    assert jax_run["backend"] == "jax"
+    for name in ("autoregressive", "speculative"):
+        assert jax_run[name]["rows"] == numpy_run[name]["rows"]  # tokens and every row's counters

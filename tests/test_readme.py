@@ -48,6 +48,14 @@ def test_the_python_api_example_runs_as_written():
     assert text.strip()
 
 
+def test_the_batching_example_runs_as_written():
+    (example,) = re.findall(r"```python\n(.*?)```", section(README, "Several sequences at once"), re.S)
+    result = run_python(example)
+    assert result.returncode == 0, result.stderr
+    *rows, calls = result.stdout.rstrip("\n").split("\n")
+    assert len(rows) >= 3 and calls.endswith(" batched target calls") and int(calls.split()[0]) > 0
+
+
 def test_the_sample_report_lines_are_what_main_prints():
     command = re.search(r"\(`python main.py (--K 4 --temperature 0)`", README)
     sample = re.search(r"\n\n((?:    \d+ drafted.*\n)(?:    .*\n)*)", README[command.end():])[1]
