@@ -2,7 +2,7 @@
 teaches, and the committed copies carry their outputs, small enough to read well on the web.
 
 Each notebook's last cell prints `checks: {json}`, the values it verified; the tests read them from the
-outputs. Executing all five takes a few minutes on a 2-core CPU.
+outputs. Executing all of them takes a few minutes on a 2-core CPU.
 """
 
 import base64
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_notebooks  # noqa: E402
 
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
-             "4_why_lossless.ipynb", "5_when_it_pays.ipynb"]
+             "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "6_choosing_K_and_the_draft.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 
 
@@ -104,6 +104,13 @@ def test_when_it_pays_notebook_measures_every_K():
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
     assert checks["verify_cost_K4_plain"] > 0
+
+
+def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
+    checks = checks_of(executed("6_choosing_K_and_the_draft.ipynb"))
+    assert checks["v1_is_one"] and checks["surface_optimum_is_best_K"]
+    assert checks["greedy_tokens_equal_autoregressive"] is True
+    assert checks["auto_K_median_speedup"] > 0 and checks["assisted_median_speedup"] > 0
 
 
 # ---------------------------------------------------------------- the committed copies
