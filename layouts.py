@@ -4,7 +4,7 @@ The numbers are the checkpoint's either way; what differs is how fast NumPy's BL
 step multiplies one row of activations by every weight matrix, x[1, n_in] @ w[n_in, n_out]; scoring K + 1
 drafted tokens multiplies K + 1 rows by the same weights. Which layout serves which best depends on the CPU
 and the BLAS kernels it runs (README, Speed), so `measure_plan` times both on the model's own matrices for 1
-to 16 rows, interleaved (a fraction of a second for GPT-2 124M), and `plan_from_costs` turns the times into
+to 16 rows, interleaved (about a second for GPT-2 124M), and `plan_from_costs` turns the times into
 a `LayoutPlan`: which layout multiplies m rows, whether to hold the weights twice (plain for one row, panels
 for several) where that gains enough, and how many rows to feed for m where padding is measurably cheaper.
 `fast_layout(params, plan)` builds the weights from it, once; gpt2.GPT2Model(layout="auto") does all this.
@@ -143,17 +143,20 @@ def fast_layout(params, plan):
 # ---- choosing, from this machine's measurements ------------------------------------------------
 
 
-def plan_from_costs(costs, weights_bytes=0, memory_bytes=None):
-    """A LayoutPlan from measured costs {layout: [cost of m rows, m = 1 .. MAX_ROWS]} (any common unit).
+def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None):
+    """A LayoutPlan from measured costs {layout: [cost of m rows, m = 1 .. MAX_ROWS]} (medians, any common unit).
 
     - One layout when the same one is cheapest for one row and for the blocks verification scores (2 to
       9 rows, on average). When they differ, both are kept (plain for one row, panels for several) only if
       each gains at least GAIN_WORTH_A_CHOICE and holding the weights twice takes under a quarter of the
       machine's memory; otherwise the layout whose advantage is the larger serves every block.
-    - m rows are fed as m' > m rows where m' is the cheapest count from m up, and cheaper than m by
-      GAIN_WORTH_A_CHOICE (on the AVX2 EPYC two rows once cost less than one).
+    - m rows are fed as m' rows, m < m' <= 2 m, only where m' is cheaper beyond doubt: spread, {layout:
+      [(fastest, slowest) of m rows' rounds]}, must show m' rows' slowest round cheaper than m rows' fastest
+      by GAIN_WORTH_A_CHOICE (on the AVX2 EPYC two rows once cost 0.75 of a single row: real, but a busy
+      machine's noise can look the same, and a decode step fed twelve rows would cost several steps).
     """
     memory_bytes = physical_memory_bytes() if memory_bytes is None else memory_bytes
+    spread = spread or {layout: [(cost, cost) for cost in costs[layout]] for layout in LAYOUTS}
     one_row = {layout: costs[layout][0] for layout in LAYOUTS}
     several_rows = {layout: statistics.mean(costs[layout][m - 1] for m in VERIFY_ROWS) for layout in LAYOUTS}
     best_one, best_several = min(one_row, key=one_row.get), min(several_rows, key=several_rows.get)
@@ -167,11 +170,14 @@ def plan_from_costs(costs, weights_bytes=0, memory_bytes=None):
             layouts = (best_one,) + (best_several,) * (MAX_ROWS - 1)
         else:
             layouts = (best_one if gain_one >= gain_several else best_several,) * MAX_ROWS
-    cost = [costs[layout][m - 1] for m, layout in enumerate(layouts, 1)]
+    median = lambda rows: costs[layouts[rows - 1]][rows - 1]
+    fastest = lambda rows: spread[layouts[rows - 1]][rows - 1][0]
+    slowest = lambda rows: spread[layouts[rows - 1]][rows - 1][1]
     rows_to_feed = []
     for m in range(1, MAX_ROWS + 1):
-        cheapest = min(range(m, MAX_ROWS + 1), key=lambda rows: cost[rows - 1])
-        rows_to_feed.append(cheapest if cost[cheapest - 1] < (1 - GAIN_WORTH_A_CHOICE) * cost[m - 1] else m)
+        cheaper = [rows for rows in range(m + 1, min(2 * m, MAX_ROWS) + 1)
+                   if slowest(rows) < (1 - GAIN_WORTH_A_CHOICE) * fastest(m)]
+        rows_to_feed.append(min(cheaper, key=median) if cheaper else m)
     return LayoutPlan(layouts, tuple(rows_to_feed), {layout: tuple(costs[layout]) for layout in LAYOUTS})
 
 
@@ -201,8 +207,9 @@ def probe_matrices(params, probe_bytes=PROBE_BYTES):
     return probe
 
 
-def measure_costs_by_layout(matrices, rounds=3, seed=0):
-    """{layout: [median time of m rows through every matrix / that of one plain row, m = 1 .. MAX_ROWS]}.
+def measure_costs_by_layout(matrices, rounds=5, seed=0):
+    """-> ({layout: [median time of m rows through every matrix, m = 1 .. MAX_ROWS]}, {layout: [(fastest,
+    slowest) round of m rows]}), in units of the median one plain row.
 
     The layouts and row counts interleave within each round, so that the machine's drift touches them
     alike; a first round warms the caches and is not kept."""
@@ -219,7 +226,10 @@ def measure_costs_by_layout(matrices, rounds=3, seed=0):
                 if round_:
                     times[layout, m].append(time.perf_counter() - start)
     unit = statistics.median(times["plain", 1])
-    return {layout: [statistics.median(times[layout, m]) / unit for m in range(1, MAX_ROWS + 1)] for layout in LAYOUTS}
+    costs = {layout: [statistics.median(times[layout, m]) / unit for m in range(1, MAX_ROWS + 1)] for layout in LAYOUTS}
+    spread = {layout: [(min(times[layout, m]) / unit, max(times[layout, m]) / unit) for m in range(1, MAX_ROWS + 1)]
+              for layout in LAYOUTS}
+    return costs, spread
 
 
 MEASURED_PLANS = {}  # measured once per process for each set of weight shapes
@@ -230,6 +240,6 @@ def measure_plan(params):
     matrices = weight_matrices(params)
     shapes = tuple(w.shape for w in matrices)
     if shapes not in MEASURED_PLANS:
-        costs = measure_costs_by_layout(probe_matrices(params))
-        MEASURED_PLANS[shapes] = plan_from_costs(costs, weights_bytes=sum(w.nbytes for w in matrices))
+        costs, spread = measure_costs_by_layout(probe_matrices(params))
+        MEASURED_PLANS[shapes] = plan_from_costs(costs, weights_bytes=sum(w.nbytes for w in matrices), spread=spread)
     return MEASURED_PLANS[shapes]

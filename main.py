@@ -470,7 +470,7 @@ def print_counts(run, lookup):
     print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
           "judged (a loop stops at its first rejection)")
     print(f"  the {len(run['tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections after "
-          f"a rejection, {run['bonus']} bonus tokens (all K drafts accepted)"
+          f"a rejection, {run['bonus']} bonus tokens (every draft of their loop accepted)"
           + (f", {run['plain_steps']} plain target steps (no drafts)" if run["plain_steps"] else ""))
     alpha = "n/a" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.3f}"
     print(f"  acceptance rate alpha {alpha} = accepted / (accepted + rejected), Leviathan et al.'s alpha; "

@@ -77,15 +77,23 @@ def test_plan_keeps_both_where_each_gains_enough_and_memory_allows():
     assert layouts.plan_from_costs(close, weights_bytes=GB // 2, memory_bytes=24 * GB).kept == ("panels",)
 
 
-def test_plan_pads_rows_only_where_more_rows_are_measurably_cheaper():
+def test_plan_pads_rows_only_where_more_rows_are_cheaper_beyond_doubt():
     plan = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
     assert plan.rows_to_feed[2] == 3  # 4 rows (2.0) are cheaper than 3 (2.1), but by less than 5%
     assert plan.rows_to_feed[6] == 8  # 7 rows (2.5) fed as 8 (2.0)
     assert plan.rows_to_feed[10] == 12  # 11 rows (3.0) fed as 12 (2.3)
+    assert all(m <= rows <= 2 * m for m, rows in zip(ROWS, plan.rows_to_feed))
     costs = [plan.costs[plan.layout(rows)][rows - 1] for rows in plan.rows_to_feed]
     assert all(cost <= plan.costs[plan.layout(m)][m - 1] for m, cost in zip(ROWS, costs))
     flat = {"plain": [1.0] * 16, "panels": [1.5] * 16}  # equal costs: nothing is padded
     assert layouts.plan_from_costs(flat, weights_bytes=GB).rows_to_feed == tuple(ROWS)
+    # a busy machine: 12 rows' median looks cheaper than one row's, but their rounds overlap: no padding,
+    # and never beyond twice the rows
+    noisy = {"plain": [1.0] + [0.8] * 15, "panels": [1.2] * 16}
+    overlapping = {"plain": [(0.5, 3.0)] * 16, "panels": [(0.6, 3.0)] * 16}
+    assert layouts.plan_from_costs(noisy, weights_bytes=GB, spread=overlapping).rows_to_feed == tuple(ROWS)
+    believed = layouts.plan_from_costs(noisy, weights_bytes=GB)  # without a spread the medians are believed...
+    assert believed.rows_to_feed[:3] == (2, 2, 3)  # ...but one row is fed as two at most, not as twelve
 
 
 def test_fast_layout_gives_the_params_back_when_the_plan_is_plain_as_they_are():

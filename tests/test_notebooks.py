@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_notebooks  # noqa: E402
 
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
-             "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "8_batching_and_speculation.ipynb"]
+             "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "6_choosing_K_and_the_draft.ipynb",
+             "8_batching_and_speculation.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 
 
@@ -104,6 +105,13 @@ def test_when_it_pays_notebook_measures_every_K():
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
     assert checks["verify_cost_K4_plain"] > 0
+
+
+def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
+    checks = checks_of(executed("6_choosing_K_and_the_draft.ipynb"))
+    assert checks["v1_is_one"] and checks["surface_optimum_is_best_K"]
+    assert checks["greedy_tokens_equal_autoregressive"] is True
+    assert checks["auto_K_median_speedup"] > 0 and checks["assisted_median_speedup"] > 0
 
 
 def test_batching_notebook_rows_are_exact_and_every_batch_size_is_measured():
