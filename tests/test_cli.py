@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import backends
 import main
 import utils
 from conftest import REPO
@@ -467,10 +468,14 @@ def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir,
 
 
 def test_a_batch_on_the_jax_backend_gives_the_numpy_backends_rows(models_dir, capsys):
+    """main's wiring of the batched device loops (tests/test_batched.py holds them to the NumPy batch)."""
     pytest.importorskip("jax")
-    flags = dict(n_tokens_to_generate=8, K=3, temperature=0.8, top_k=40, batch_size=2)
+    import sampling_jax
+
+    flags = dict(n_tokens_to_generate=8, temperature=0.8, top_k=40, batch_size=2, decoder="autoregressive")
     numpy_run, jax_run = (run_in_process(models_dir, capsys, ["the cat", "a"], 1, backend=backend, **flags)
                           for backend in ("numpy", "jax"))
-    assert jax_run["backend"] == "jax"
-    for name in ("autoregressive", "speculative"):
-        assert jax_run[name]["rows"] == numpy_run[name]["rows"]  # tokens and every row's counters
+    assert jax_run["backend"] == "jax" and jax_run["autoregressive"]["rows"] == numpy_run["autoregressive"]["rows"]
+    jax_model = backends.make_batched_model(scaled_params(TARGET, seed=0), TARGET, 2, backend="jax")
+    decoders = backends.batched_decoders(jax_model)  # the speculative decoder too (its compile is test_batched's)
+    assert decoders.speculative_sampling is sampling_jax.batched_speculative_sampling

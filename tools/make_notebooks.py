@@ -10,7 +10,7 @@ A cell that raises stops the run and leaves the notebook on disk as it was; a fi
 its pictures re-encoded with a 256-colour palette (a third of the bytes, no visible change, so the
 committed notebooks stay small) and is written under a temporary name and renamed into place.
 tests/test_notebooks.py runs the same `execute`. The notebooks themselves are the source: edit them
-in Jupyter, then run this on a quiet machine: notebooks 2, 3, 5 and 8 time things as they run, and where
+in Jupyter, then run this on a quiet machine: notebooks 2, 3, 5, 6 and 8 time things as they run, and where
 other programs compete for a small CPU, BLAS threads can make multi-row calls many times slower.
 """
 
