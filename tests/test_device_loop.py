@@ -195,10 +195,9 @@ def test_main_with_the_jax_backend_prints_the_numpy_backends_statistics(capsys):
                     "acceptance_rate", "tokens_per_target_call"):
             assert jax_run.get(key) == numpy_run.get(key), (name, key)
     statistics_lines = lambda lines: [line for line in lines if line.startswith("  ") and  # not the texts' indented lines
-                                      ("drafted:" in line or "acceptance rate" in line)]
-    assert len(statistics_lines(reports["numpy"])) == 2  # drafted/accepted/rejected and alpha
+                                      ("drafted:" in line or "acceptance rate" in line or "tokens:" in line)]
+    assert len(statistics_lines(reports["numpy"])) == 3  # drafted/accepted/rejected, where tokens came from, alpha
     assert statistics_lines(reports["jax"]) == statistics_lines(reports["numpy"])
-    draft_calls = [line.split(";")[0] for line in reports["numpy"] + reports["jax"] if "draft calls;" in line]
-    assert len(draft_calls) == 2 and draft_calls[0] == draft_calls[1]
+    assert any(line.startswith("  costs: a target decode step") for line in reports["numpy"])
     timing = [line for line in reports["jax"] if "draft calls;" in line][0]  # the device times the loop as a whole
-    assert "not timed apart" in timing and " s in the draft" not in timing
+    assert "not timed apart" in timing and not any("costs: a target decode step" in line for line in reports["jax"])
