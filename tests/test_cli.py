@@ -64,12 +64,13 @@ def run_main(*args, models_dir=None, cwd=REPO, env=None):
                           env=env, cwd=cwd, timeout=300)
 
 
-PAIR = ["--draft_model_size", "draft", "--target_model_size", "target", "--prompt", "the"]
+MODELS = ["--draft_model_size", "draft", "--target_model_size", "target"]
+PAIR = [*MODELS, "--prompt", "the"]  # a second --prompt would make a batch of two: use MODELS for other prompts
 
 
 def test_json_run_on_a_tiny_pair(models_dir):
     n_tokens = 20
-    result = run_main(*PAIR, "--prompt", "the cat, the hat", "--n_tokens_to_generate", str(n_tokens), "--K", "3",
+    result = run_main(*MODELS, "--prompt", "the cat, the hat", "--n_tokens_to_generate", str(n_tokens), "--K", "3",
                       "--temperature", "0", "--decoder", "autoregressive,speculative,assisted", "--repeats", "3",
                       "--json", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
@@ -115,7 +116,7 @@ def test_json_run_on_a_tiny_pair(models_dir):
 
 
 def test_K_auto_and_prompt_lookup_give_the_autoregressive_tokens(models_dir):
-    common = [*PAIR, "--prompt", "the cat, the hat, the cat, the", "--n_tokens_to_generate", "16", "--temperature", "0",
+    common = [*MODELS, "--prompt", "the cat, the hat, the cat, the", "--n_tokens_to_generate", "16", "--temperature", "0",
               "--repeats", "1", "--json"]
     auto = run_main(*common, "--K", "auto", models_dir=models_dir)
     assert auto.returncode == 0, auto.stderr
@@ -244,7 +245,7 @@ def test_a_given_models_dir_is_relative_to_the_current_directory(models_dir, tmp
 
 
 def test_an_empty_prompt_starts_from_endoftext(models_dir):
-    result = run_main(*PAIR, "--prompt", "", "--n_tokens_to_generate", "5", "--json", models_dir=models_dir)
+    result = run_main(*MODELS, "--prompt", "", "--n_tokens_to_generate", "5", "--json", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     output = json.loads(result.stdout.strip().splitlines()[-1])
     assert output["prompt"] == "" and len(output["speculative"]["tokens"]) == 5
