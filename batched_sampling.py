@@ -112,7 +112,9 @@ def prepare_rows(xs, N, models, rngs, stats, progress):
         if hasattr(model, "batch_size") and B > model.batch_size:
             raise ValueError(f"{B} rows exceed the model's batch of {model.batch_size}")
     Ns = [N] * B if is_integer(N) else list(N)
-    rngs = [None] * B if rngs is None else list(rngs)  # a single Generator would be shared: refuse it below
+    if hasattr(rngs, "random") or is_integer(rngs):  # one Generator or seed for all rows would tie them together
+        raise ValueError(f"rngs must hold one Generator or seed per row, got {rngs!r}")
+    rngs = [None] * B if rngs is None else list(rngs)
     if len(Ns) != B or len(rngs) != B:
         raise ValueError(f"need one N and one Generator (or seed) per row: {B} rows, {len(Ns)} N, {len(rngs)} rngs")
     stats = BatchStats(B) if stats is None else stats

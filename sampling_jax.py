@@ -23,6 +23,9 @@ the stats stay 0, so the cost ratio is None.
 
 Greedy assisted generation changes K, a shape, from loop to loop: it stays the host's loop (with the
 fused draft), re-exported here.
+
+`batched_autoregressive_sampling` and `batched_speculative_sampling` are batched_sampling.py's decoders on
+the device: the same loops vmapped over rows, each row with its own cache and its own Generator's uniforms.
 """
 
 import functools

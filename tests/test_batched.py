@@ -121,6 +121,9 @@ def test_bad_input_gets_a_clear_error(pair):
     shared = np.random.default_rng(0)
     with pytest.raises(ValueError, match="its own Generator"):
         batched_sampling.speculative_sampling(PROMPTS[:2], draft, target, 5, 2, rngs=[shared, shared])
+    for one_for_all in (shared, 7):
+        with pytest.raises(ValueError, match="one Generator or seed per row"):
+            batched_sampling.autoregressive_sampling(PROMPTS[:2], target, 5, rngs=one_for_all)
     with pytest.raises(ValueError, match="one N and one Generator"):
         batched_sampling.autoregressive_sampling(PROMPTS[:3], target, [5, 6], rngs=[0, 1, 2])
     with pytest.raises(ValueError, match="exceed the model's batch"):
