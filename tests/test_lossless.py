@@ -56,6 +56,15 @@ def test_sampling_the_draft_instead_fails_with_a_tiny_p_value():
     assert verdict.report.startswith("FAILED") and "FAIL" in verdict.report
 
 
+def test_stopping_at_the_first_failure_gives_the_same_verdict_sooner():
+    full = lossless.check_lossless(draft_only_decoder, sample_scale=0.2)
+    early = lossless.check_lossless(draft_only_decoder, sample_scale=0.2, stop_at_failure=True)
+    assert not early.passed and early.p_value <= lossless.ALPHA and len(early.subtests) < len(full.subtests)
+    assert "more tests not run" in early.report and early.seconds < full.seconds
+    passing = lossless.check_lossless(autoregressive_decoder, sample_scale=0.05, stop_at_failure=True)
+    assert passing.passed and len(passing.subtests) == len(lossless.default_problems()) + 1
+
+
 def test_a_decoder_that_returns_the_wrong_length_fails_outright():
     def one_too_many(x, draft_model, target_model, N, K, rng, **settings):
         return sampling.speculative_sampling(x, draft_model, target_model, N + 1, K, rng, **settings)
