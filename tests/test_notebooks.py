@@ -2,7 +2,7 @@
 teaches, and the committed copies carry their outputs, small enough to read well on the web.
 
 Each notebook's last cell prints `checks: {json}`, the values it verified; the tests read them from the
-outputs. Executing all five takes a few minutes on a 2-core CPU.
+outputs. Executing all of them takes a few minutes on a 2-core CPU.
 """
 
 import base64
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_notebooks  # noqa: E402
 
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
-             "4_why_lossless.ipynb", "5_when_it_pays.ipynb"]
+             "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "7_bugs_that_look_right.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 
 
@@ -104,6 +104,15 @@ def test_when_it_pays_notebook_measures_every_K():
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
     assert checks["verify_cost_K4_plain"] > 0
+
+
+def test_bugs_notebook_shows_every_bug_caught_and_the_myth_exact():
+    checks = checks_of(executed("7_bugs_that_look_right.ipynb"))
+    assert checks["reference_passed"] and checks["reference_p_value"] > 0.001
+    assert len(checks["bug_p_values"]) >= 10 and all(p < 1e-3 for p in checks["bug_p_values"].values())
+    assert checks["myth_is_lossless"] and checks["no_bonus_is_lossless"] and checks["no_bonus_caught_by_calls"]
+    assert checks["showcase_tv_reference"] < 0.06 < checks["showcase_tv_smallest_bug"]
+    assert checks["power_at_default_tv_0.05"] > 0.9 and checks["power_at_default_tv_0.02"] < 0.5
 
 
 # ---------------------------------------------------------------- the committed copies
