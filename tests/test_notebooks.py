@@ -99,6 +99,14 @@ def test_lossless_notebook_chi_square_tells_correct_from_broken():
         assert checks[key] < 1e-6, key
 
 
+def test_lossless_notebook_proves_whole_sequences_and_the_conditions():
+    checks = checks_of(executed("4_why_lossless.ipynb"))
+    assert checks["induction_exact_max_error"] < 1e-12 and checks["induction_wrong_bonus_error"] > 0.01
+    assert checks["matched_drafts_exact"] is True and checks["mismatched_drafts_off_by"] > 0.01
+    assert checks["tokens_per_loop_formula_ok"] and checks["kit_chi_square_matches_scipy"]
+    assert checks["first_token_check_p_value_bonus_bug"] > 0.001 > checks["checker_p_value_bonus_bug"]
+
+
 def test_when_it_pays_notebook_measures_every_K():
     checks = checks_of(executed("5_when_it_pays.ipynb"))
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
