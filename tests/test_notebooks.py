@@ -88,6 +88,7 @@ def test_step_by_step_notebook_matches_the_library():
     checks = checks_of(executed("3_speculative_step_by_step.ipynb"))
     assert checks["hand_loop_matches_library"] is True
     assert checks["greedy_speculative_equals_autoregressive"] and checks["assisted_equals_autoregressive"]
+    assert checks["speedup_formula_from_measured_costs"] is True and 0 <= checks["loop_lengths_p_value"] <= 1
 
 
 def test_lossless_notebook_chi_square_tells_correct_from_broken():
