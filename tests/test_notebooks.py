@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_notebooks  # noqa: E402
 
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
-             "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "7_bugs_that_look_right.ipynb"]
+             "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "7_bugs_that_look_right.ipynb", "9_exercises.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 
 
@@ -122,6 +122,12 @@ def test_bugs_notebook_shows_every_bug_caught_and_the_myth_exact():
     assert checks["myth_is_lossless"] and checks["no_bonus_is_lossless"] and checks["no_bonus_caught_by_calls"]
     assert checks["showcase_tv_reference"] < 0.06 < checks["showcase_tv_smallest_bug"]
     assert checks["power_at_default_tv_0.05"] > 0.9 and checks["power_at_default_tv_0.02"] < 0.5
+
+
+def test_exercises_notebook_checks_every_exercise_and_leaves_them_to_the_class():
+    checks = checks_of(executed("9_exercises.ipynb"))
+    assert set(checks) == {str(number) for number in range(1, 11)} | {"7b"}
+    assert set(checks.values()) == {"unsolved"}  # the stubs; tests/test_exercises.py runs the checks on solutions
 
 
 # ---------------------------------------------------------------- the committed copies
