@@ -179,8 +179,8 @@ BUGS = [
                drafts, p = draw_drafts(draft_model, x, K_n, settings, copy.deepcopy(rng), stats)
                """),)),
     Variant(
-        "no_rollback", "rejected drafts left in the KV cache", "romsto/Speculative-Decoding#1 (also "
-        "lucidrains/speculative-decoding#3)",
+        "no_rollback", "rejected drafts left in the cache", "lucidrains/speculative-decoding#3, "
+        "romsto/Speculative-Decoding#1 (also ml-explore/mlx-lm PR #1109)",
         "the cache keeps every token it was fed, rejected drafts included, and puts the next tokens after them: "
         "the target goes on reading the drafts it rejected",
         (Patch(gpt2, "cache_resume", "return start, x[start:]",
