@@ -319,7 +319,9 @@ def check_lossless(decoder, *, seed=0, sample_scale=1.0, problems=None, stop_at_
         raise ValueError(f"decoder must be a function like sampling.speculative_sampling, got {decoder!r}")
     if not sample_scale > 0:
         raise ValueError(f"sample_scale must be positive, got {sample_scale!r}")
-    problems = default_problems() if problems is None else problems
+    problems = default_problems() if problems is None else list(problems)
+    if not problems:
+        raise ValueError("problems must hold at least one Problem (None gives the default six)")
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     tests = [("temperature 0 equals autoregressive greedy", lambda: greedy_test(decoder, problems[:2]))]
@@ -360,6 +362,8 @@ def check_tokens_per_call(decoder, *, N=24, K=3):
     That is (1 - a^(K+1)) / (1 - a) tokens per target call at a = 1, so N tokens take ceil(N / (K + 1))
     target calls; a decoder that drops the bonus token, a bug no distribution shows, needs more.
     """
+    if not (sampling.is_integer(N) and sampling.is_integer(K) and N >= 1 and K >= 1):
+        raise ValueError(f"N and K must be integers >= 1, got N={N!r}, K={K!r}")
     table = random_context_table(4, seed=1)
     calls = [0]
 

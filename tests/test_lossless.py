@@ -102,6 +102,14 @@ def test_bad_arguments_get_a_one_line_value_error(bad):
     assert "\n" not in str(error.value)
 
 
+def test_no_problems_or_a_bad_N_or_K_get_a_one_line_value_error():
+    with pytest.raises(ValueError, match="at least one Problem"):
+        lossless.check_lossless(sampling.speculative_sampling, problems=[])
+    for bad in [{"N": 0}, {"K": 0}, {"K": 2.5}]:
+        with pytest.raises(ValueError, match="integers >= 1"):
+            lossless.check_tokens_per_call(sampling.speculative_sampling, **bad)
+
+
 def test_tokens_per_call_accepts_the_reference_and_counts_what_the_formula_says():
     check = lossless.check_tokens_per_call(sampling.speculative_sampling, N=24, K=3)
     assert check.passed and check.target_calls == check.expected_calls == 6
