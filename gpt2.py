@@ -220,6 +220,18 @@ def common_prefix_length(a, b):
     return int(mismatches[0]) if len(mismatches) else n
 
 
+def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume at, the tokens of x to feed there)
+    """How a cached model reads x: it resumes after the longest prefix of x it has cached and feeds the rest.
+
+    That is the whole rollback: what the cache holds past that prefix (a rejected draft's keys and values)
+    is overwritten by what is fed, and keys past the last position fed are never attended. The last n_last
+    positions are fed even when cached: their logits are wanted. (bug_zoo.py patches this decision.)
+    """
+    start = min(common_prefix_length(cached_tokens, x), len(x) - n_last)
+    return start, x[start:]
+
+
+
 def fast_layout(params, layout="auto"):
     """The weights as GPT2Model multiplies them: -> (params with every linear weight in the chosen layout, the
     tied output projection wte.T in it too). Built once from the checkpoint's params, which stay the reference.
@@ -270,8 +282,8 @@ class GPT2Model:
             raise ValueError(f"n_last={n_last} must lie in [1, {len(x)}] for a sequence of {len(x)} tokens")
         if not self.use_cache:
             return gpt2(x, **self.params, n_head=self.hparams["n_head"], unembedding=self.unembedding)[-n_last:]
-        start = min(common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
-        logits = gpt2(x[start:], **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
+        start, new_tokens = cache_resume(self.cached_tokens, x, n_last)  # roll back to start
+        logits = gpt2(new_tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
                       unembedding=self.unembedding)
         self.cached_tokens = x
         return logits[-n_last:]

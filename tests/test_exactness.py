@@ -18,45 +18,9 @@ import pytest
 
 import gpt2
 import sampling
+from lossless import chi2_sf, chi_square_test
 
-# ---- a chi-square test without scipy -----------------------------------------------------------
-
-
-def regularized_upper_gamma(a, x):
-    """Q(a, x) = Gamma(a, x) / Gamma(a): a power series for P = 1 - Q below a + 1, a continued fraction above."""
-    if x <= 0:
-        return 1.0
-    log_prefactor = -x + a * math.log(x) - math.lgamma(a)
-    if x < a + 1:  # P(a, x) = e^-x x^a / Gamma(a + 1) * sum_n x^n / ((a + 1) ... (a + n))
-        term = total = 1.0 / a
-        n = 0
-        while abs(term) > 1e-17 * abs(total):
-            n += 1
-            term *= x / (a + n)
-            total += term
-        return 1.0 - math.exp(log_prefactor) * total
-    # Q(a, x) = e^-x x^a / Gamma(a) / (x + 1 - a - 1 (1 - a) / (x + 3 - a - 2 (2 - a) / ...)), by Lentz's method
-    tiny = 1e-300
-    b = x + 1 - a
-    c, d = 1 / tiny, 1 / b
-    fraction = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        fraction *= d * c
-        if abs(d * c - 1) < 1e-16:
-            break
-    return math.exp(log_prefactor) * fraction
-
-
-def chi2_sf(statistic, df):
-    """P(X >= statistic) for X ~ chi-square with df degrees of freedom."""
-    return regularized_upper_gamma(df / 2, statistic / 2)
+# ---- the chi-square test lives in lossless.py (no scipy at run time); its survival function is checked here
 
 
 def chi2_sf_closed_form(x, df):
@@ -83,19 +47,9 @@ def test_chi2_sf_matches_table_critical_values():
     assert chi2_sf(29.588, 10) == pytest.approx(0.001, rel=1e-3)
 
 
-def chi_square_p_value(counts, expected_probs, min_expected=5.0):
-    """Pearson's test of counts against probabilities; cells expected below min_expected are pooled."""
-    expected = expected_probs * counts.sum()
-    small = expected < min_expected
-    observed_cells = np.append(counts[~small], counts[small].sum())
-    expected_cells = np.append(expected[~small], expected[small].sum())
-    if expected_cells[-1] < min_expected:  # too little left to pool: fold it into the largest cell
-        largest = np.argmax(expected_cells[:-1])
-        observed_cells[largest] += observed_cells[-1]
-        expected_cells[largest] += expected_cells[-1]
-        observed_cells, expected_cells = observed_cells[:-1], expected_cells[:-1]
-    statistic = float(np.sum((observed_cells - expected_cells) ** 2 / expected_cells))
-    return chi2_sf(statistic, len(expected_cells) - 1)
+def chi_square_p_value(counts, expected_probs):
+    """Pearson's test of counts against probabilities (lossless.py's, which pools cells expected below 5)."""
+    return chi_square_test(counts, expected_probs)[2]
 
 
 # ---- toy models --------------------------------------------------------------------------------

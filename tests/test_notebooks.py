@@ -27,7 +27,7 @@ import make_notebooks  # noqa: E402
 
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
              "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "6_choosing_K_and_the_draft.ipynb",
-             "8_batching_and_speculation.ipynb"]
+             "7_bugs_that_look_right.ipynb", "8_batching_and_speculation.ipynb", "9_exercises.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 
 
@@ -89,6 +89,7 @@ def test_step_by_step_notebook_matches_the_library():
     checks = checks_of(executed("3_speculative_step_by_step.ipynb"))
     assert checks["hand_loop_matches_library"] is True
     assert checks["greedy_speculative_equals_autoregressive"] and checks["assisted_equals_autoregressive"]
+    assert checks["speedup_formula_from_measured_costs"] is True and 0 <= checks["loop_lengths_p_value"] <= 1
 
 
 def test_lossless_notebook_chi_square_tells_correct_from_broken():
@@ -98,6 +99,14 @@ def test_lossless_notebook_chi_square_tells_correct_from_broken():
         assert checks[key] > 0.001, key
     for key in ("toy_p_value_broken", "pair_p_value_broken"):
         assert checks[key] < 1e-6, key
+
+
+def test_lossless_notebook_proves_whole_sequences_and_the_conditions():
+    checks = checks_of(executed("4_why_lossless.ipynb"))
+    assert checks["induction_exact_max_error"] < 1e-12 and checks["induction_wrong_bonus_error"] > 0.01
+    assert checks["matched_drafts_exact"] is True and checks["mismatched_drafts_off_by"] > 0.01
+    assert checks["tokens_per_loop_formula_ok"] and checks["kit_chi_square_matches_scipy"]
+    assert checks["first_token_check_p_value_bonus_bug"] > 0.001 > checks["checker_p_value_bonus_bug"]
 
 
 def test_when_it_pays_notebook_measures_every_K():
@@ -112,6 +121,21 @@ def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
     assert checks["v1_is_one"] and checks["surface_optimum_is_best_K"]
     assert checks["greedy_tokens_equal_autoregressive"] is True
     assert checks["auto_K_median_speedup"] > 0 and checks["assisted_median_speedup"] > 0
+
+
+def test_bugs_notebook_shows_every_bug_caught_and_the_myth_exact():
+    checks = checks_of(executed("7_bugs_that_look_right.ipynb"))
+    assert checks["reference_passed"] and checks["reference_p_value"] > 0.001
+    assert len(checks["bug_p_values"]) >= 10 and all(p < 1e-3 for p in checks["bug_p_values"].values())
+    assert checks["myth_is_lossless"] and checks["no_bonus_is_lossless"] and checks["no_bonus_caught_by_calls"]
+    assert checks["showcase_tv_reference"] < 0.06 < checks["showcase_tv_smallest_bug"]
+    assert checks["power_at_default_tv_0.05"] > 0.9 and checks["power_at_default_tv_0.02"] < 0.5
+
+
+def test_exercises_notebook_checks_every_exercise_and_leaves_them_to_the_class():
+    checks = checks_of(executed("9_exercises.ipynb"))
+    assert set(checks) == {str(number) for number in range(1, 11)} | {"7b"}
+    assert set(checks.values()) == {"unsolved"}  # the stubs; tests/test_exercises.py runs the checks on solutions
 
 
 def test_batching_notebook_rows_are_exact_and_every_batch_size_is_measured():
