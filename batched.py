@@ -142,13 +142,12 @@ class BatchedGPT2Model:
         xs = [np.array(x, dtype=np.int64) for x in xs]  # copies: the caller may change its arrays after we cache them
         n_last = np.broadcast_to(np.asarray(n_last, dtype=np.int64), (len(xs),))
         self._check(xs, n_last, rows)
-        # roll each row back to the longest prefix it has cached, keeping n_last tokens to feed
-        starts = np.array([min(gpt2.common_prefix_length(self.cached_tokens[row], x), len(x) - n)
-                           for row, x, n in zip(rows, xs, n_last)])
-        n_new = np.array([len(x) for x in xs]) - starts
+        # each row resumes after the longest prefix it has cached (a rollback), as GPT2Model's cache does
+        resumed = [gpt2.cache_resume(self.cached_tokens[row], x, n) for row, x, n in zip(rows, xs, n_last)]
+        starts, n_new = np.array([start for start, _ in resumed]), np.array([len(new) for _, new in resumed])
         tokens = np.zeros((len(xs), n_new.max()), dtype=np.int64)  # padded with token 0, never attended to
-        for i, (x, start) in enumerate(zip(xs, starts)):
-            tokens[i, :len(x) - start] = x[start:]
+        for i, (_, new) in enumerate(resumed):
+            tokens[i, :len(new)] = new
         feed = Feed(rows, starts, n_new, self.batch_size)
         logits = batched_gpt2(tokens, feed, int(n_last.max()), **self.params, n_head=self.n_head, cache=self.cache,
                               unembedding=self.unembedding)
