@@ -75,10 +75,10 @@ def decode_batch(name, rows, draft, target, encoder, N, K, settings, seed):
 
 
 def row_result(prompt, row, stats, encoder, speculative):
-    """A row as --json gives it: its prompt's tokens, its new tokens (as the one-sequence JSON's `tokens`),
-    their text, and its own counters."""
-    tokens = [int(token) for token in row[len(prompt):]]
-    result = {"prompt_tokens": [int(token) for token in prompt], "tokens": tokens, "text": encoder.decode(tokens)}
+    """A row as --json gives it: `tokens`, its prompt and new tokens (as the decoders return them), `new_tokens`
+    (as the one-sequence JSON's `tokens`), their text, and its own counters."""
+    new_tokens = [int(token) for token in row[len(prompt):]]
+    result = {"tokens": [int(token) for token in row], "new_tokens": new_tokens, "text": encoder.decode(new_tokens)}
     if not speculative:
         return {**result, "target_calls": stats.target_calls}
     counters = {name: getattr(stats, name) for name in ROW_COUNTERS}
@@ -135,4 +135,4 @@ def print_report(result, stats, show_text):
                 same = row["tokens"] == result["autoregressive"]["rows"][i]["tokens"]
                 header += "; the same tokens as autoregressive" if same else "; other tokens than autoregressive"
         print(header)
-        print(prompt + show_text(row["tokens"], stats[shown].rows[i].origins))
+        print(prompt + show_text(row["new_tokens"], stats[shown].rows[i].origins))

@@ -435,9 +435,9 @@ def test_a_batch_of_prompts_gives_each_row_as_the_one_sequence_run_gives_it(mode
     for name in ("autoregressive", "speculative"):
         run = output[name]
         assert len(run["seconds_per_run"]) == 2 and run["tokens_per_second"] == pytest.approx(30 / run["seconds"])
-        assert [row["prompt_tokens"] for row in run["rows"]] == [encoder.encode(prompt) for prompt in prompts]
-        for row in run["rows"]:
-            assert len(row["tokens"]) == 10 and row["text"] == encoder.decode(row["tokens"])
+        for row, prompt in zip(run["rows"], prompts):  # the prompt and the new tokens, as the decoders return them
+            assert row["tokens"] == encoder.encode(prompt) + row["new_tokens"]
+            assert len(row["new_tokens"]) == 10 and row["text"] == encoder.decode(row["new_tokens"])
     ratios = [a / s for a, s in zip(output["autoregressive"]["seconds_per_run"], output["speculative"]["seconds_per_run"])]
     assert output["speedup"] == output["speculative"]["speedup"] == pytest.approx(statistics.median(ratios))
     speculative = output["speculative"]
@@ -445,9 +445,9 @@ def test_a_batch_of_prompts_gives_each_row_as_the_one_sequence_run_gives_it(mode
     assert speculative["accepted"] == sum(row["accepted"] for row in speculative["rows"])
     for i, prompt in enumerate(prompts):  # row i: the one-sequence run of its prompt with seed 7 + i
         alone = run_in_process(models_dir, capsys, prompt, 7 + i, **flags)
-        assert output["autoregressive"]["rows"][i]["tokens"] == alone["autoregressive"]["tokens"]
+        assert output["autoregressive"]["rows"][i]["new_tokens"] == alone["autoregressive"]["tokens"]
         row = speculative["rows"][i]
-        assert row["tokens"] == alone["speculative"]["tokens"]
+        assert row["new_tokens"] == alone["speculative"]["tokens"]
         for key in ("loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "corrected", "bonus"):
             assert row[key] == alone["speculative"][key], (i, key)
 
@@ -455,7 +455,7 @@ def test_a_batch_of_prompts_gives_each_row_as_the_one_sequence_run_gives_it(mode
 def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir, capsys):
     flags = dict(n_tokens_to_generate=12, K=2, temperature=1.0)
     result = run_in_process(models_dir, capsys, "the", 3, batch_size=4, **flags)
-    rows = [row["tokens"] for row in result["speculative"]["rows"]]
+    rows = [row["new_tokens"] for row in result["speculative"]["rows"]]
     assert result["prompt"] == ["the"] * 4 and len(set(map(tuple, rows))) > 1  # distinct seeds: other samples
     assert rows[0] == run_in_process(models_dir, capsys, "the", 3, **flags)["speculative"]["tokens"]
     assert rows[3] == run_in_process(models_dir, capsys, "the", 6, **flags)["speculative"]["tokens"]
