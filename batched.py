@@ -121,9 +121,7 @@ class BatchedGPT2Model:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.hparams, self.batch_size = hparams, int(batch_size)
         self.n_vocab, self.n_ctx, self.n_head = hparams["n_vocab"], hparams["n_ctx"], hparams["n_head"]
-        self.params, self.unembedding = params, None  # layout "plain": the checkpoint's arrays as they are
-        if layout != "plain":  # the weights as GPT2Model multiplies them (gpt2.fast_layout, layouts.py)
-            self.params, self.unembedding = gpt2.fast_layout(params, layout)
+        self.params, self.unembedding = gpt2.fast_layout(params, layout)  # as GPT2Model multiplies them (layouts.py)
         head_dim = hparams["n_embd"] // self.n_head
         shape = (self.batch_size, self.n_head, self.n_ctx, head_dim)  # untouched positions cost no memory
         self.cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(hparams["n_layer"])]

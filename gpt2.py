@@ -234,14 +234,18 @@ def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume 
 
 def fast_layout(params, layout="auto"):
     """The weights as GPT2Model multiplies them: -> (params with every linear weight in the chosen layout, the
-    tied output projection wte.T in it too). Built once from the checkpoint's params, which stay the reference.
+    tied output projection wte.T in it too, or None for wte.T itself). Built once from the checkpoint's params,
+    which stay the reference.
 
-    layout: "auto" measures this machine (layouts.measure_plan), "panels" or "plain" fix one layout, or a
-    layouts.LayoutPlan.
+    layout: "auto" measures this machine (layouts.measure_plan); "plain" keeps the checkpoint's arrays as they
+    are; "panels", "row-major" or "column-major" one layout for every matrix; or a layouts.ModelPlan (or one
+    layouts.LayoutPlan for every matrix).
     """
     if isinstance(layout, str):
+        if layout == "plain":
+            return params, None
         if layout not in ("auto", *layouts.LAYOUTS):
-            raise ValueError(f"unknown layout {layout!r}: choose auto, {', '.join(layouts.LAYOUTS)} or a LayoutPlan")
+            raise ValueError(f"unknown layout {layout!r}: choose auto, plain, {', '.join(layouts.LAYOUTS)} or a ModelPlan")
         layout = layouts.measure_plan(params) if layout == "auto" else layouts.fixed_plan(layout)
     return layouts.fast_layout(params, layout)
 
@@ -255,17 +259,16 @@ class GPT2Model:
     disappear the next time the model is called with the corrected sequence. Without a cache it
     recomputes the whole sequence, as jaymody/speculative-sampling does.
 
-    `layout` says how the weights are stored for the products (layouts.py): "auto" (the default) times the
-    checkpoint's plain matrices and column panels on this machine, for one row (a decode step) and for the
-    few rows a verification scores, and keeps what is faster, both where that pays; "plain" keeps the
-    checkpoint's arrays as they are, the reference path; "panels" column panels for every product.
+    `layout` says how the weights are stored for the products (layouts.py): "auto" (the default) times three
+    layouts of each role's matrices on this machine (row-major, column-major, column panels), for one row (a
+    decode step) and for the few rows a verification scores, and keeps what is faster, two layouts where that
+    pays; "plain" keeps the checkpoint's arrays as they are, the reference path; "panels" column panels for
+    every product.
     """
 
     def __init__(self, params, hparams, use_cache=True, layout="auto"):
         self.hparams, self.use_cache = hparams, use_cache
-        self.params, self.unembedding = params, None  # the plain layout: the checkpoint's arrays as they are
-        if layout != "plain":  # the same numbers, laid out once for faster products (see layouts.py)
-            self.params, self.unembedding = fast_layout(params, layout)
+        self.params, self.unembedding = fast_layout(params, layout)  # the same numbers, laid out once (layouts.py)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 

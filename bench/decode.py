@@ -65,13 +65,13 @@ def parse_args():
 class ReadBandwidth:
     """Weight bytes per second of x[1, k] @ W[k, n] in float32 (268 MB for 8192 x 8192): what a decode step does.
 
-    Both layouts are timed, W plain (row-major) and in layouts.ColumnPanels; the faster one is the roofline's
+    Every layout of layouts.py is timed (row-major, column-major, column panels); the fastest is the roofline's
     bandwidth, so that a layout cannot look closer to the roofline by reading slowly.
     """
 
     def __init__(self, rng, k=8192, n=8192):
         plain = rng.standard_normal((k, n), dtype=np.float32)
-        self.layouts = {"plain": plain, "panels": layouts.ColumnPanels(plain)}
+        self.layouts = {layout: layouts.laid_out(plain, layout) for layout in layouts.LAYOUTS}
         self.x = rng.standard_normal((1, k), dtype=np.float32)
         self.samples = {name: [] for name in self.layouts}
         self.measure(1)  # warm-up: page in the matrices
@@ -281,20 +281,20 @@ def main():
                                   f"{args.n_tokens - 1} steps after a {args.prompt_len}-token prompt)",
         "ms_per_token_mean": round(1e3 * statistics.mean(steps), 3),
         "weights_bytes": weights_bytes,
-        "layout_plan": {"layouts": plan.layouts, "rows_to_feed": plan.rows_to_feed,
-                        "costs": {name: [round(c, 3) for c in cost] for name, cost in plan.costs.items()},
-                        "statistic": "layouts.measure_plan: the model's own matrices (up to 64 MB), 1-16 rows, "
-                                     "both layouts interleaved, medians of 3 rounds in one plain row's time"},
+        "layout_plan": {**plan.as_dict(), "summary": plan.summary(),
+                        "statistic": "layouts.measure_plan: each role of the model's own matrices (up to 16 MB of "
+                                     "each), 1-16 rows, three layouts and every role interleaved, medians of 3 rounds "
+                                     "(one row: 9) in one row's time in the layout the matrix lies in"},
         "model_bytes": {"chosen": model_nbytes(model), "plain": model_nbytes(plain), "panels": model_nbytes(panels)},
         "model_bytes_over_weights": round(model_nbytes(model) / weights_bytes, 3),
         "read_GBps": round(read_gbps, 2),
         "read_GBps_by_layout": bandwidth.best_by_layout(),
         "read_GBps_statistic": f"best of {5 * args.repeats} per layout (5 before each decode run), x[1, 8192] @ "
-                               f"W[8192, 8192] float32, W plain and in column panels",
+                               f"W[8192, 8192] float32, W in each layout of layouts.py",
         "roofline_ms_per_token": round(roofline_ms, 3),
         "roofline_fraction": round(roofline_ms / ms_per_token, 3),
         # against the plain layout's read speed alone, as this benchmark measured before column panels existed
-        "roofline_fraction_plain_read": round(1e3 * weights_bytes / (bandwidth.best_by_layout()["plain"] * 1e9)
+        "roofline_fraction_plain_read": round(1e3 * weights_bytes / (bandwidth.best_by_layout()["row-major"] * 1e9)
                                               / ms_per_token, 3),
         "products_ms": round(matmul_ms, 3),
         "products_statistic": f"median of {len(products.samples)} (5 before each decode run): one row through "

@@ -156,7 +156,7 @@ def main(argv=None):
 
     result = {"draft": args.draft, "target": args.target, "heldout": args.heldout, "n_prompts": args.n_prompts,
               "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "temperature": args.temperature,
-              "costs": measured.as_dict(), "layout_plan": {"layouts": plan.layouts, "rows_to_feed": plan.rows_to_feed},
+              "costs": measured.as_dict(), "layout_plan": plan.summary(),
               "by_K": []}
     for K in args.K:
         row, _ = measure_K(K, prompts, draft, target, measured, args)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import gpt2
+import layouts
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(n_vocab=97, n_ctx=64, n_embd=32, n_head=4, n_layer=2)
@@ -75,7 +76,7 @@ def test_decode_bench_reads_bandwidth_in_weight_bytes_per_second():
     bandwidth = decode.ReadBandwidth(np.random.default_rng(0), k=512, n=256)
     bandwidth.measure(3)
     bandwidth.measure(2)
-    assert {name: len(samples) for name, samples in bandwidth.samples.items()} == {"plain": 6, "panels": 6}
+    assert {name: len(samples) for name, samples in bandwidth.samples.items()} == {layout: 6 for layout in layouts.LAYOUTS}
     best = bandwidth.best_by_layout()  # the warm-up sample is left out
     assert best == {name: round(max(samples[1:]), 2) for name, samples in bandwidth.samples.items()}
     assert bandwidth.best_gbps() == max(max(samples[1:]) for samples in bandwidth.samples.values()) > 0

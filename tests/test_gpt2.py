@@ -248,7 +248,7 @@ PANEL_HPARAMS = dict(n_vocab=70, n_ctx=40, n_embd=32, n_head=4, n_layer=2)
 
 
 # a plan that exercises every path: plain for one row, panels for several, 2 rows fed as 3 and 5 as 8
-MIXED_PLAN = layouts.LayoutPlan(("plain",) + ("panels",) * 15, (1, 3, 3, 4, 8, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16))
+MIXED_PLAN = layouts.LayoutPlan(("row-major",) + ("panels",) * 15, (1, 3, 3, 4, 8, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16))
 
 
 @pytest.mark.parametrize("n", range(1, 17))
@@ -317,8 +317,8 @@ def test_panels_keep_the_numbers_and_the_callers_params(cache_setup):
     assert plain.params is params and plain.unembedding is None
     both = gpt2.GPT2Model(params, CACHE_HPARAMS, layout=MIXED_PLAN)
     w = both.params["blocks"][0]["mlp"]["c_fc"]["w"]
-    assert w.stored["plain"] is params["blocks"][0]["mlp"]["c_fc"]["w"]  # the plain layout is the caller's array
-    assert w.nbytes == w.stored["plain"].nbytes + w.stored["panels"].nbytes
+    assert w.stored["row-major"] is params["blocks"][0]["mlp"]["c_fc"]["w"]  # the layout it lies in: the caller's array
+    assert w.nbytes == w.stored["row-major"].nbytes + w.stored["panels"].nbytes
     with pytest.raises(ValueError, match="unknown layout"):
         gpt2.GPT2Model(params, CACHE_HPARAMS, layout="columns")
 
