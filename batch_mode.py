@@ -9,8 +9,8 @@ with --seed prints, and at temperature > 0 copies of one prompt differ. The deco
 at once, and each row decodes exactly as it would alone. As for one sequence, each decoder runs once
 untimed, then --repeats timed runs interleave; the report gives each decoder's tokens per second (all
 rows' new tokens over the seconds), the speedup (the median of the paired ratios), and every row's text
-and statistics. --json gives each decoder's `rows`: per row its prompt's tokens, its new tokens, their
-text and its counters.
+and statistics. --json gives each decoder's `rows`: per row its `tokens` (prompt and new tokens, as the
+decoders return them), `new_tokens`, their text and its counters.
 """
 
 import statistics

@@ -19,6 +19,8 @@ import numpy as np
 
 import sampling
 
+PROMPT_LOOKUP = "prompt-lookup"  # the draft's name where a model's would go (main.py --draft_model_size, bench/)
+
 
 class PromptLookup:
     """Propose up to K tokens that followed the latest earlier occurrence of the text's last n tokens.

@@ -45,10 +45,11 @@ import costs
 import drafts
 import sampling
 import utils
+from command_line import FLAG_HELP, fire_command, parse_arguments
 from encoder import get_encoder
+from report import coloured_text, print_report, wants_colour
 
 DECODERS = ("autoregressive", "speculative", "assisted")
-PROMPT_LOOKUP = "prompt-lookup"  # --draft_model_size naming drafts.PromptLookup instead of a model
 AUTO_K_MAX = 12  # --K auto considers K = 0 .. 12
 # OpenBLAS's x86 kernels for AVX-512 (its OPENBLAS_CORETYPE names)
 AVX512_CORETYPES = ("skylakex", "cooperlake", "sapphirerapids")
@@ -56,36 +57,6 @@ AVX512_CORETYPES = ("skylakex", "cooperlake", "sapphirerapids")
 # K=4, temperature 0), where prompts into its loops accept nearly everything and teach nothing
 DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
-# every flag of main(), with what its value looks like and what it does (--help prints these)
-FLAG_HELP = {
-    "prompt": ("TEXT", "the text to continue; an empty prompt starts from <|endoftext|>; given several times, a batch "
-                       "of different prompts"),
-    "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
-    "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
-                                 "or prompt-lookup (drafts copied from the text so far)"),
-    "target_model_size": ("NAME", "the target model, likewise"),
-    "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
-    "K": ("INT|auto", "tokens the draft proposes per loop, or auto: chosen every loop from this machine's costs and "
-                 "the alpha so far, 0 (a plain step) where nothing pays (the assisted decoder adapts its own K)"),
-    "temperature": ("FLOAT", "0 is greedy decoding"),
-    "top_k": ("INT", "keep the k most likely tokens; 0 keeps all"),
-    "top_p": ("FLOAT", "keep the fewest most likely tokens holding this much probability; 1 keeps all"),
-    "seed": ("INT", "seed of the random numbers (every decoder starts from it)"),
-    "decoder": ("NAMES", "comma-separated, among autoregressive, speculative and assisted (greedy only)"),
-    "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
-    "json": (None, "print one JSON object instead of the report"),
-    "color": (None, "colour the speculative text by where each token came from"),
-    "backend": ("NAME", "numpy, or jax (needs jax: pip install -r requirements-jax.txt)"),
-    "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
-    "batch_size": ("INT", "sequences decoded at once: B copies of the prompt, row i with seed + i (--prompt given "
-                          "several times: one row each)"),
-}
-FLAGS = tuple(FLAG_HELP)
-BOOLEAN_FLAGS = ("json", "color")
-STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype")
-COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m"}  # green, red, blue
-LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
-RESET = "\x1b[0m"
 
 
 def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach-draft",
@@ -112,7 +83,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     check_strings(draft_model_size=draft_model_size, target_model_size=target_model_size, models_dir=models_dir)
     B = batch_rows(batch_size, prompts, decoders, K, draft_model_size)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
-    lookup = draft_model_size == PROMPT_LOOKUP
+    lookup = draft_model_size == drafts.PROMPT_LOOKUP
     for name in ([] if lookup else [draft_model_size]) + [target_model_size]:
         for text in set(prompts):
             check_context_early(text, n_tokens_to_generate, name, models_dir)
@@ -194,13 +165,6 @@ def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, d
     return result
 
 
-def wants_colour(color):
-    """--color or --nocolor if given; otherwise colour on a terminal unless NO_COLOR is set (no-color.org)."""
-    if color is not None:
-        return bool(color)
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
 def explain_backend(backend, dtype):
     """One line on stderr for each slow surprise of the JAX backend, before it happens."""
     if backend != "jax":
@@ -273,7 +237,7 @@ def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
         if "assisted" in decoders:
             raise ValueError("the assisted decoder has no batched form: a batch decodes with autoregressive and "
                              "speculative (--decoder autoregressive,speculative)")
-        if K == "auto" or draft_model_size == PROMPT_LOOKUP:
+        if K == "auto" or draft_model_size == drafts.PROMPT_LOOKUP:
             raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto or prompt-lookup)")
     return B
 
@@ -420,188 +384,7 @@ def add_speedups(result):
 # ---- the report --------------------------------------------------------------------------------
 
 
-def coloured_text(tokens, origins, decode):
-    """The text of tokens, each run of tokens of one origin in its colour.
-
-    Runs are decoded as prefixes of the whole text, so a character split across two tokens of
-    different origins is still decoded whole (it shows in the colour of the run that completes it).
-    """
-    pieces, shown, start = [], "", 0
-    for end in range(1, len(tokens) + 1):
-        if end < len(tokens) and origins[end] == origins[start]:
-            continue
-        text = decode(tokens[:end])
-        if end < len(tokens):
-            text = text.rstrip("\ufffd")  # an unfinished character: wait for the bytes of the next run
-        if len(text) > len(shown):
-            pieces.append(COLOURS.get(origins[start], "") + text[len(shown):] + RESET)
-        shown, start = text, end
-    return "".join(pieces)
-
-
-def print_report(result, stats, decode, use_colour, measured=None):
-    fmt = lambda value, spec: "n/a" if value is None else format(value, spec)
-    print(f"draft {result['draft']} -> target {result['target']}, K {result['K']}, temperature {result['temperature']}, "
-          f"top_k {result['top_k']}, top_p {result['top_p']}, seed {result['seed']}, {result['n_tokens']} tokens; "
-          f"times: the median and range of {result['repeats']} timed runs, after one untimed run of each decoder")
-    for name in DECODERS:
-        run = result[name]
-        if run is None:
-            continue
-        print(f"\n{name}: {run['seconds']:.3f} s ({min(run['seconds_per_run']):.3f}-{max(run['seconds_per_run']):.3f}), "
-              f"{run['target_calls']} target calls, {1000 * run['seconds'] / len(run['tokens']):.1f} ms/token")
-        text = run["text"]
-        if use_colour and name != "autoregressive":
-            text = coloured_text(run["tokens"], stats[name].origins, decode)
-        print(result["prompt"] + text)
-        if name == "autoregressive":
-            continue
-        if use_colour:
-            print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
-        print_counts(run, result["draft"] == PROMPT_LOOKUP)
-        print_costs_and_speedup(run, result["repeats"], fmt)
-        print_same_text(run, result["temperature"])
-    if measured is not None:
-        print("\nthis machine (costs.py, measured before the runs): " + "; ".join(costs.describe(measured)))
-
-
-def print_counts(run, lookup):
-    never_judged = run["drafted"] - run["accepted"] - run["rejected"]
-    print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
-          "judged (a loop stops at its first rejection)")
-    print(f"  the {len(run['tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections after "
-          f"a rejection, {run['bonus']} bonus tokens (every draft of their loop accepted)"
-          + (f", {run['plain_steps']} plain target steps (no drafts)" if run["plain_steps"] else ""))
-    alpha = "n/a" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.3f}"
-    print(f"  acceptance rate alpha {alpha} = accepted / (accepted + rejected), Leviathan et al.'s alpha; "
-          f"{run['tokens_per_target_call']:.2f} tokens per target call")
-    if "K_chosen" in run:
-        chosen = {K: run["K_chosen"].count(K) for K in sorted(set(run["K_chosen"]))}
-        print("  K chosen by --K auto, loop by loop: " + ", ".join(f"{K} ({n} loops)" for K, n in chosen.items())
-              + (" (0: a plain step, where no K pays at the alpha so far)" if 0 in chosen else ""))
-    if lookup:  # so that a continuation looping on itself is never sold as speed
-        print(f"  {100 * run['copied_fraction']:.0f}% of the continuation's 4-grams are copied from the prompt")
-
-
-def print_costs_and_speedup(run, repeats, fmt):
-    if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
-        print(f"  {run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop "
-              "runs in one device call), so there is no cost ratio")
-    else:
-        print(f"  costs: a target decode step {1000 * run['decode_step_seconds']:.2f} ms, a draft step "
-              f"{1000 * run['draft_step_seconds']:.2f} ms (c = {run['cost_ratio']:.3f}), a target call scoring the "
-              f"K + 1 tokens {1000 * run['verify_seconds']:.2f} ms = {run['verify_steps']:.2f} decode steps")
-    if run["speedup"] is None:
-        measured = "speedup not measured (add autoregressive to --decoder to measure it)"
-    else:
-        low, high = run["speedup_range"]
-        measured = f"speedup {run['speedup']:.2f}x measured (median of {repeats} paired runs, {low:.2f}-{high:.2f}x)"
-    if run["expected_speedup"] is None:
-        print(f"  {measured}")
-    else:
-        print(f"  {measured}; the formula expects {run['expected_speedup']:.2f}x from alpha, c and the verification's "
-              f"measured cost, and {run['expected_speedup_one_step']:.2f}x if a verification cost one decode step "
-              "(the paper's idealisation)")
-
-
-def print_same_text(run, temperature):
-    if "same_text_as_autoregressive" not in run:
-        return
-    if run["same_text_as_autoregressive"]:
-        print("  the same tokens as autoregressive decoding" + (" (at temperature 0 they must be)" if temperature == 0
-                                                                 else ""))
-    elif temperature == 0:
-        print("  warning: not the autoregressive tokens, which at temperature 0 they must be (a near-tie between two "
-              "logits, rounded differently by the two paths, can do this)")
-    else:
-        print("  other tokens than autoregressive decoding: each is a sample of the target's distribution")
-
-
 # ---- the command line --------------------------------------------------------------------------
-
-
-def flag_name(arg):
-    """The parameter an argument names (--name, --name=value, --noname, fire's one-letter -n), or None for a value."""
-    if arg.startswith("--"):
-        return arg[2:].split("=", 1)[0].replace("-", "_")
-    if len(arg) < 2 or not arg.startswith("-") or arg[1].isdigit() or arg[1] == ".":  # -1 and -.5 are values
-        return None
-    name = arg[1:].split("=", 1)[0]
-    matches = [flag for flag in FLAGS if flag.startswith(name)] if len(name) == 1 else []
-    return matches[0] if len(matches) == 1 else name  # fire's -x names the only flag starting with x
-
-
-def split_flag(arg):
-    """--name=value, --name, --noname or -n -> (a name in FLAGS or "help", the value after '=' or None).
-
-    None when arg is a value rather than a flag; an unknown flag raises.
-    """
-    name = flag_name(arg)
-    if name is None:
-        return None
-    value = arg.split("=", 1)[1] if "=" in arg else None
-    if name in ("help", "h") or name in FLAGS:
-        return ("help" if name == "h" else name), value
-    if name.startswith("no") and name[2:] in BOOLEAN_FLAGS and value is None:
-        return name[2:], "false"
-    raise ValueError(f"unknown flag {arg.split('=', 1)[0]}: the flags are --{', --'.join(FLAGS)}")
-
-
-def is_known_flag(arg):
-    try:
-        return split_flag(arg) is not None
-    except ValueError:
-        return False
-
-
-def parse_arguments(argv):
-    """The command line -> {flag name: its value as typed}, refusing what fire would silently misread.
-
-    Fire would read a flag given no value as True (`--prompt` alone ran with the prompt "True") and
-    stray words as positional arguments (`main.py hello 5`). Here --json, --color and --help take no
-    value (or =true, =false), every other flag takes one, and there are no positional arguments. A text
-    flag's value may start with "-" unless it is one of main's flags (--prompt --K 3 lacks a prompt);
-    --prompt=--K is a prompt. --prompt given several times gives a list of prompts: a batch.
-    """
-    given, i = {}, 0
-    while i < len(argv):
-        arg = argv[i]
-        flag = split_flag(arg)
-        if flag is None:
-            raise ValueError(f"unexpected argument {arg!r}: every value follows its flag, as in --prompt {arg!r} "
-                             "(python main.py --help lists the flags)")
-        name, value = flag
-        if name in BOOLEAN_FLAGS or name == "help":
-            value = "true" if value is None else value.lower()
-            if value not in ("true", "false"):
-                raise ValueError(f"--{name} takes no value (or =true, =false), got {arg!r}")
-        elif value is None:
-            follows = argv[i + 1] if i + 1 < len(argv) else None
-            is_flag = is_known_flag if name in STRING_FLAGS else (lambda arg: flag_name(arg) is not None)
-            if follows is None or is_flag(follows):
-                raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
-            value, i = follows, i + 1
-        elif value == "" and name not in STRING_FLAGS:
-            raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
-        if name == "prompt" and name in given:  # each --prompt is a row of a batch
-            value = [*(given[name] if isinstance(given[name], list) else [given[name]]), value]
-        given[name] = value  # any other flag given twice keeps its last value, as fire and argparse do
-        i += 1
-    return given
-
-
-def fire_command(given):
-    """The flags for fire to read: text quoted, so fire keeps it as typed ('a, b' would become a tuple, '42' an int);
-    several prompts as a list of quoted texts."""
-    command = []
-    for name, value in given.items():
-        if name in BOOLEAN_FLAGS:
-            command.append(f"--{name}" if value == "true" else f"--no{name}")
-        elif name in STRING_FLAGS:
-            command.append(f"--{name}={value!r}")
-        else:
-            command.append(f"--{name}={value}")
-    return command
 
 
 def usage():

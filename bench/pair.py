@@ -142,7 +142,7 @@ def main(argv=None):
     args = parse_args(argv)
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     target = gpt2.GPT2Model(target_params, target_hparams)
-    if args.draft == "prompt-lookup":
+    if args.draft == drafts.PROMPT_LOOKUP:
         draft, draft_params = drafts.PromptLookup(target_hparams["n_vocab"]), None
     else:
         _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)

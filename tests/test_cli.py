@@ -12,7 +12,9 @@ import sys
 import pytest
 
 import backends
+import command_line
 import main
+import report
 import utils
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
@@ -191,12 +193,12 @@ class Terminal:
     ("1", True, True), (None, False, False),  # --color and --nocolor decide whatever NO_COLOR says
 ])
 def test_no_color_turns_colour_off_on_a_terminal_unless_color_is_given(monkeypatch, no_color, color, expected):
-    monkeypatch.setattr(main.sys, "stdout", Terminal())
+    monkeypatch.setattr(report.sys, "stdout", Terminal())
     if no_color is None:
         monkeypatch.delenv("NO_COLOR", raising=False)
     else:
         monkeypatch.setenv("NO_COLOR", no_color)
-    assert main.wants_colour(color) is expected
+    assert report.wants_colour(color) is expected
 
 
 def test_text_report_names_the_rejected_drafts_and_what_alpha_counts(models_dir):
@@ -338,32 +340,32 @@ def test_colouring_keeps_a_character_split_between_runs_of_different_origins(mod
     encoder = get_encoder_from_dir(models_dir / "target")
     tokens = encoder.encode("aé b")  # a, the two bytes of é, space, b
     assert len(tokens) == 5
-    coloured = main.coloured_text(tokens, ["accepted", "accepted", "corrected", "bonus", "bonus"], encoder.decode)
+    coloured = report.coloured_text(tokens, ["accepted", "accepted", "corrected", "bonus", "bonus"], encoder.decode)
     assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == "aé b"
-    assert coloured.startswith(main.COLOURS["accepted"] + "a" + main.RESET)  # é waits for its second byte
-    assert main.COLOURS["corrected"] + "é" in coloured and main.COLOURS["bonus"] + " b" in coloured
+    assert coloured.startswith(report.COLOURS["accepted"] + "a" + report.RESET)  # é waits for its second byte
+    assert report.COLOURS["corrected"] + "é" in coloured and report.COLOURS["bonus"] + " b" in coloured
 
 
 def test_flags_reach_main_as_typed():
     argv = ["-p", "a, b", "--draft_model_size=355", "-n", "5", "--K", "-1", "--nocolor", "--models_dir", "42",
             "--top_p=.5", "--json"]
-    given = main.parse_arguments(argv)
+    given = command_line.parse_arguments(argv)
     assert given == {"prompt": "a, b", "draft_model_size": "355", "n_tokens_to_generate": "5", "K": "-1",
                      "color": "false", "models_dir": "42", "top_p": ".5", "json": "true"}
-    assert main.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
+    assert command_line.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
                                         "--K=-1", "--nocolor", "--models_dir='42'", "--top_p=.5", "--json"]
     # a text flag's value may look like a flag, unless it is one of main's; after "=" anything is a value
-    assert main.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
+    assert command_line.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
                                                                                    "json": "false"}
-    assert main.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
-    assert main.parse_arguments(["--prompt="]) == {"prompt": ""}
+    assert command_line.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
+    assert command_line.parse_arguments(["--prompt="]) == {"prompt": ""}
     # --prompt given several times: the rows of a batch, in order, passed to fire as a list of texts
-    given = main.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
+    given = command_line.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
     assert given == {"prompt": ["a, b", "42", "--x"], "K": "2"}
-    assert main.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
+    assert command_line.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
     for bad in (["--tempreature", "1"], ["-z"], ["--no_such"], ["-t", "1"]):  # -t: temperature, top_k or top_p?
         with pytest.raises(ValueError, match="unknown flag"):
-            main.parse_arguments(bad)
+            command_line.parse_arguments(bad)
 
 
 def test_a_text_flag_given_anything_but_text_from_python_is_refused():
@@ -376,7 +378,7 @@ def test_help_prints_every_flag_with_its_default_and_no_pager(tmp_path):
     result = run_main("--help", cwd=tmp_path, env={"PAGER": "false", "TERM": "dumb"})
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("usage: python main.py") and "INFO" not in result.stdout
-    for flag in main.FLAGS:
+    for flag in command_line.FLAGS:
         assert f"--{flag}" in result.stdout
     assert "[autoregressive,speculative]" in result.stdout and "--color, --nocolor" in result.stdout
     assert "[models/ beside main.py]" in result.stdout and "NO_COLOR" in result.stdout
@@ -387,7 +389,7 @@ def test_the_readme_lists_every_flag():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     flag_list = readme[readme.index("Flags: "):]
     flag_list = flag_list[:flag_list.index("\n\n")]
-    assert set(main.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
+    assert set(command_line.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
 
 
 @pytest.mark.parametrize("coretype, flags, backend, noted", [

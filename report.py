@@ -1,0 +1,118 @@
+"""main.py's report of a one-sequence run: texts coloured by where each token came from, the counts, this
+run's costs in decode steps beside the formula's expectations, and this machine's break-even alpha.
+
+Every number it prints is also in the result dict that --json prints; print_report only words them.
+"""
+
+import os
+import sys
+
+import costs
+import drafts
+COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m"}  # green, red, blue
+LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
+RESET = "\x1b[0m"
+
+
+def wants_colour(color):
+    """--color or --nocolor if given; otherwise colour on a terminal unless NO_COLOR is set (no-color.org)."""
+    if color is not None:
+        return bool(color)
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def coloured_text(tokens, origins, decode):
+    """The text of tokens, each run of tokens of one origin in its colour.
+
+    Runs are decoded as prefixes of the whole text, so a character split across two tokens of
+    different origins is still decoded whole (it shows in the colour of the run that completes it).
+    """
+    pieces, shown, start = [], "", 0
+    for end in range(1, len(tokens) + 1):
+        if end < len(tokens) and origins[end] == origins[start]:
+            continue
+        text = decode(tokens[:end])
+        if end < len(tokens):
+            text = text.rstrip("\ufffd")  # an unfinished character: wait for the bytes of the next run
+        if len(text) > len(shown):
+            pieces.append(COLOURS.get(origins[start], "") + text[len(shown):] + RESET)
+        shown, start = text, end
+    return "".join(pieces)
+
+
+def print_report(result, stats, decode, use_colour, measured=None):
+    fmt = lambda value, spec: "n/a" if value is None else format(value, spec)
+    print(f"draft {result['draft']} -> target {result['target']}, K {result['K']}, temperature {result['temperature']}, "
+          f"top_k {result['top_k']}, top_p {result['top_p']}, seed {result['seed']}, {result['n_tokens']} tokens; "
+          f"times: the median and range of {result['repeats']} timed runs, after one untimed run of each decoder")
+    for name in stats:  # main's decoders, in their order
+        run = result[name]
+        if run is None:
+            continue
+        print(f"\n{name}: {run['seconds']:.3f} s ({min(run['seconds_per_run']):.3f}-{max(run['seconds_per_run']):.3f}), "
+              f"{run['target_calls']} target calls, {1000 * run['seconds'] / len(run['tokens']):.1f} ms/token")
+        text = run["text"]
+        if use_colour and name != "autoregressive":
+            text = coloured_text(run["tokens"], stats[name].origins, decode)
+        print(result["prompt"] + text)
+        if name == "autoregressive":
+            continue
+        if use_colour:
+            print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
+        print_counts(run, result["draft"] == drafts.PROMPT_LOOKUP)
+        print_costs_and_speedup(run, result["repeats"], fmt)
+        print_same_text(run, result["temperature"])
+    if measured is not None:
+        print("\nthis machine (costs.py, measured before the runs): " + "; ".join(costs.describe(measured)))
+
+
+def print_counts(run, lookup):
+    never_judged = run["drafted"] - run["accepted"] - run["rejected"]
+    print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
+          "judged (a loop stops at its first rejection)")
+    print(f"  the {len(run['tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections after "
+          f"a rejection, {run['bonus']} bonus tokens (every draft of their loop accepted)"
+          + (f", {run['plain_steps']} plain target steps (no drafts)" if run["plain_steps"] else ""))
+    alpha = "n/a" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.3f}"
+    print(f"  acceptance rate alpha {alpha} = accepted / (accepted + rejected), Leviathan et al.'s alpha; "
+          f"{run['tokens_per_target_call']:.2f} tokens per target call")
+    if "K_chosen" in run:
+        chosen = {K: run["K_chosen"].count(K) for K in sorted(set(run["K_chosen"]))}
+        print("  K chosen by --K auto, loop by loop: " + ", ".join(f"{K} ({n} loops)" for K, n in chosen.items())
+              + (" (0: a plain step, where no K pays at the alpha so far)" if 0 in chosen else ""))
+    if lookup:  # so that a continuation looping on itself is never sold as speed
+        print(f"  {100 * run['copied_fraction']:.0f}% of the continuation's 4-grams are copied from the prompt")
+
+
+def print_costs_and_speedup(run, repeats, fmt):
+    if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
+        print(f"  {run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop "
+              "runs in one device call), so there is no cost ratio")
+    else:
+        print(f"  costs: a target decode step {1000 * run['decode_step_seconds']:.2f} ms, a draft step "
+              f"{1000 * run['draft_step_seconds']:.2f} ms (c = {run['cost_ratio']:.3f}), a target call scoring the "
+              f"K + 1 tokens {1000 * run['verify_seconds']:.2f} ms = {run['verify_steps']:.2f} decode steps")
+    if run["speedup"] is None:
+        measured = "speedup not measured (add autoregressive to --decoder to measure it)"
+    else:
+        low, high = run["speedup_range"]
+        measured = f"speedup {run['speedup']:.2f}x measured (median of {repeats} paired runs, {low:.2f}-{high:.2f}x)"
+    if run["expected_speedup"] is None:
+        print(f"  {measured}")
+    else:
+        print(f"  {measured}; the formula expects {run['expected_speedup']:.2f}x from alpha, c and the verification's "
+              f"measured cost, and {run['expected_speedup_one_step']:.2f}x if a verification cost one decode step "
+              "(the paper's idealisation)")
+
+
+def print_same_text(run, temperature):
+    if "same_text_as_autoregressive" not in run:
+        return
+    if run["same_text_as_autoregressive"]:
+        print("  the same tokens as autoregressive decoding" + (" (at temperature 0 they must be)" if temperature == 0
+                                                                 else ""))
+    elif temperature == 0:
+        print("  warning: not the autoregressive tokens, which at temperature 0 they must be (a near-tie between two "
+              "logits, rounded differently by the two paths, can do this)")
+    else:
+        print("  other tokens than autoregressive decoding: each is a sample of the target's distribution")
