@@ -18,10 +18,24 @@ import numpy as np
 import sampling
 
 MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up to 15
-# AutoK's prior on alpha before any draft is judged, Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): mean 0.7 (the bundled
-# pair's alpha at temperature 1 on held-out text), weighing as much as four judged drafts, so that the run's own
-# evidence outweighs it within a loop or two
-PRIOR_ACCEPTED, PRIOR_REJECTED = 2.8, 1.2
+# AutoK's settings, chosen with bench/auto_k.py, which replays the bundled pair's acceptances on 24 held-out prompts
+# through AutoK (at temperature 0 a draft is accepted exactly when the draft's greedy token is the target's; at
+# temperature 1, independently with alpha about 0.72), priced at the loop costs bench/pair.py measured on an AMD
+# Zen 3, and then measured for real with bench/pair.py (README, Speed):
+# - the prior on alpha before any draft is judged, Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): mean 0.7 (the pair's
+#   alpha at temperature 1), worth one judged draft, so that the run's own evidence takes over at once;
+PRIOR_ACCEPTED, PRIOR_REJECTED = 0.7, 0.3
+# - how much a judged draft still counts after each later judgement: acceptance comes in runs along a text (a
+#   repeated line, boilerplate), and the last few drafts say most about the next loop;
+MEMORY = 0.7
+# - the least expected speedup worth drafting for: the formula leaves out each loop's own bookkeeping and the
+#   draft's catching up after a bonus token (bench/pair.py: measured / expected 0.92-1.0 for the pair);
+WORTH_DRAFTING = 1.05
+# - while no K is worth drafting, one loop in every PROBE_EVERY tokens drafts a single token anyway: a plain step
+#   judges nothing, and without probes a run of rejections would end speculation for the rest of the text. A probe
+#   costs about half a step where nothing pays, and as much again for the draft to read the tokens it missed:
+#   probing every 12 tokens cost the pair 8% at temperature 1, every 24 about 4%.
+PROBE_EVERY = 24
 
 
 @dataclass(frozen=True)
@@ -122,40 +136,63 @@ class AutoK:
     """A draft that chooses its K before every loop: the K that maximises the expected speedup at this machine's
     measured costs and the alpha measured so far in the run, or none (a plain autoregressive step) when no K pays.
 
-    alpha is estimated as the mean of a Beta posterior: the prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED) plus the
-    run's accepted and rejected drafts (sampling.SpeculativeStats counts them). Where the mean says no K pays
-    but the posterior's upper side (mean + one standard deviation) says one might, the loop drafts one token,
-    the cheapest probe: a plain step yields no evidence, and without probes one early rejection would end
-    speculation for good. As judged drafts accumulate, the upper side closes in on the mean and the probes
-    stop. Choosing K from the past only changes speed, never the output distribution: each loop is still
-    Algorithm 2 with that loop's K. `chosen` lists the K of every loop. Pass it to a decoder as the draft,
-    with K the largest K to consider.
+    alpha is the mean of a Beta posterior: the prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED) plus the run's
+    accepted and rejected drafts (read from sampling.SpeculativeStats before every loop), each weighted by
+    MEMORY for every draft judged after it, so that the estimate follows the text's easy and hard stretches.
+    A K must promise WORTH_DRAFTING (1.05x) to be chosen; while none does, the loops are plain steps but for one
+    in every PROBE_EVERY, which drafts a single token to learn whether the text has become easier. On a machine
+    where no K is worth drafting even at alpha = 1, it never drafts. The settings are the module's constants
+    unless given. Choosing K from the past only changes speed, never the
+    output distribution: each loop is still Algorithm 2 with that loop's K. `chosen` lists the K of every loop.
+    Pass it to a decoder as the draft, with K the largest K to consider.
     """
 
-    def __init__(self, draft, costs, prior_accepted=PRIOR_ACCEPTED, prior_rejected=PRIOR_REJECTED):
-        self.draft, self.costs, self.prior = draft, costs, (prior_accepted, prior_rejected)
+    def __init__(self, draft, costs, prior_accepted=PRIOR_ACCEPTED, prior_rejected=PRIOR_REJECTED, memory=MEMORY,
+                 worth_drafting=WORTH_DRAFTING, probe_every=PROBE_EVERY):
+        self.draft, self.costs, self.prior, self.memory = draft, costs, (prior_accepted, prior_rejected), memory
+        self.least_speedup, self.probe_every = worth_drafting, probe_every
+        self.ever_worth = costs.expected_speedup(1.0, costs.best_K(1.0)) >= worth_drafting  # at alpha 1, some K
         for name in ("n_vocab", "n_ctx"):  # what sampling.prepare checks against the target
             if hasattr(draft, name):
                 setattr(self, name, getattr(draft, name))
-        self.chosen = []
+        self.reset()
 
     def reset(self):
-        """A new sequence: forget the K chosen (the draft model forgets its cache)."""
-        self.chosen = []
+        """A new sequence: forget the evidence and the K chosen (the draft model forgets its cache)."""
+        self.chosen, self.evidence, self.counted, self.choice = [], (0.0, 0.0), None, {}
+        self.plain_steps = self.probe_every  # the first loop drafts, whatever the prior says
         if hasattr(self.draft, "reset"):
             self.draft.reset()
 
-    def alpha(self, stats, spread=0.0):
-        """The posterior mean of alpha, plus `spread` posterior standard deviations (at most 1)."""
-        accepted, rejected = self.prior[0] + stats.accepted, self.prior[1] + stats.rejected
-        n = accepted + rejected
-        mean = accepted / n
-        return min(1.0, mean + spread * (mean * (1 - mean) / (n + 1)) ** 0.5)
+    def observe(self, stats):
+        """Add the drafts judged since the last loop to the evidence, each older judgement weighted by MEMORY once
+        for every new one; a plain step judges nothing and leaves the evidence, and the choice, as they were."""
+        if self.counted is None:  # the run's first loop: what stats held before it is another run's
+            self.counted = (stats.accepted, stats.rejected)
+        accepted, rejected = stats.accepted - self.counted[0], stats.rejected - self.counted[1]
+        if accepted or rejected:
+            decay = self.memory ** (accepted + rejected)
+            self.evidence = (decay * self.evidence[0] + accepted, decay * self.evidence[1] + rejected)
+            self.counted = (stats.accepted, stats.rejected)
+            self.choice = {}  # alpha moved: choose anew
+
+    def alpha(self):
+        """The posterior mean of alpha."""
+        accepted, rejected = self.prior[0] + self.evidence[0], self.prior[1] + self.evidence[1]
+        return accepted / (accepted + rejected)
+
+    def worth_drafting(self, K):  # the best K up to K at the alpha so far, or 0 where drafting is not worth it
+        if K not in self.choice:
+            best = self.costs.best_K(self.alpha(), K_max=K)
+            self.choice[K] = best if self.costs.expected_speedup(self.alpha(), best) >= self.least_speedup else 0
+        return self.choice[K]
 
     def propose(self, x, K, settings, rng, stats):  # sampling.draw_drafts' contract for a draft with propose
-        K_n = self.costs.best_K(self.alpha(stats), K_max=K)
-        if K_n == 0 and K >= 1 and self.costs.best_K(self.alpha(stats, spread=1.0), K_max=K) > 0:
-            K_n = 1  # a probe: the evidence so far cannot rule out that speculation pays
+        self.observe(stats)
+        K_n = self.worth_drafting(K)
+        if K_n == 0 and K >= 1 and self.ever_worth and self.plain_steps >= self.probe_every:
+            K_n = 1  # a probe: learn whether the text has become easier
+        self.plain_steps = 0 if K_n else self.plain_steps + 1
         self.chosen.append(K_n)
         return sampling.draw_drafts(self.draft, x, K_n, settings, rng, stats)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import costs
 import gpt2
 import layouts
 
@@ -170,6 +171,23 @@ def test_pair_bench_takes_prompt_lookup_as_the_draft():
     assert result["draft"] == "prompt-lookup" and result["draft_perplexity"] is None
     assert result["costs"]["draft_step_seconds"] == 0
     assert all(0 <= row["median_copied_fraction"] <= 1 for row in result["by_K"])
+
+
+def test_auto_k_bench_replays_settings_on_a_pair_runs_costs(tmp_path):
+    pair = subprocess.run([sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
+                           "--n_prompts", "2", "--n_tokens", "12", "--K", "1,3", "--perplexity_tokens", "50"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert pair.returncode == 0, pair.stderr[-2000:]
+    (tmp_path / "pair.json").write_text(pair.stdout)
+    completed = subprocess.run([sys.executable, str(REPO / "bench" / "auto_k.py"), "--pair", str(tmp_path / "pair.json")],
+                               capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert set(result["fixed_K_temperature_0"]) == {"1", "2", "3", "4", "6", "8"}
+    assert result["best_fixed_temperature_0"] == max(result["fixed_K_temperature_0"].values())
+    assert len(result["settings"]) == 72 and all(row["temperature_0"] > 0 and row["temperature_1"] > 0
+                                                 for row in result["settings"])
+    assert result["costs_py_settings"]["memory"] == costs.MEMORY  # costs.py's own setting is among those replayed
 
 
 def test_lookup_bench_reports_copying_beside_speed():

@@ -94,30 +94,64 @@ def test_auto_K_decodes_the_autoregressive_tokens_and_chooses_none_where_nothing
         out = sampling.speculative_sampling(prompt, auto, target, 30, 8, temperature=0, stats=stats)
         np.testing.assert_array_equal(out, expected)
         assert len(auto.chosen) == stats.loops
-    assert set(hopeless.chosen) == {0}  # every loop a plain step
+    assert set(hopeless.chosen) == {0}  # no K pays at any alpha: every loop a plain step, not even a probe
     assert max(paying.chosen) >= 4 and all(K <= 8 for K in paying.chosen)  # the cap is the decoder's K
     assert paying.n_vocab == draft.n_vocab and paying.n_ctx == draft.n_ctx
     paying.reset()
     assert paying.chosen == [] and len(draft.cached_tokens) == 0
 
 
-def test_auto_K_follows_the_runs_alpha():
+def test_auto_K_follows_the_runs_alpha_weighting_recent_drafts_more():
     auto = costs.AutoK(None, flat_costs(0.1))
     stats = sampling.SpeculativeStats()
-    prior = auto.alpha(stats)
+    stats.record_tokens("accepted", 7)  # a previous run's counts, in a stats object shared across runs
+    auto.observe(stats)
+    prior = auto.alpha()
     assert prior == pytest.approx(costs.PRIOR_ACCEPTED / (costs.PRIOR_ACCEPTED + costs.PRIOR_REJECTED))
     stats.record_tokens("accepted", 40)
-    assert auto.alpha(stats) > 0.95 > prior
+    auto.observe(stats)
+    assert auto.alpha() > 0.9 > prior
     stats.record_tokens("corrected", 60)
-    assert auto.alpha(stats) < 0.45
+    auto.observe(stats)
+    assert auto.alpha() < 0.2  # the last sixty judgements outweigh the forty before them
+    forgetful, steadfast = costs.AutoK(None, flat_costs(0.1), memory=0.5), costs.AutoK(None, flat_costs(0.1), memory=1)
+    for auto in (forgetful, steadfast):
+        stats = sampling.SpeculativeStats()
+        auto.observe(stats)
+        stats.record_tokens("corrected", 20)
+        auto.observe(stats)
+        stats.record_tokens("accepted", 5)
+        auto.observe(stats)
+    assert forgetful.alpha() > 0.75 and steadfast.alpha() < 0.3  # memory 1 counts every judgement alike
 
 
-def test_auto_K_probes_with_one_draft_while_the_evidence_is_thin():
-    costly = flat_costs(0.3, v=1.8)  # break-even alpha about 0.8 here
+def test_auto_K_drafts_only_what_is_worth_drafting():
+    costly = flat_costs(0.3, v=1.8)
     auto = costs.AutoK(None, costly)
     stats = sampling.SpeculativeStats()
-    stats.record_tokens("corrected")  # one early rejection pulls the mean below break-even...
-    assert costly.best_K(auto.alpha(stats)) == 0 and costly.best_K(auto.alpha(stats, spread=1.0)) > 0
-    stats.record_tokens("accepted", 10)
-    stats.record_tokens("corrected", 30)  # ...but much evidence of a poor draft ends the probes
-    assert costly.best_K(auto.alpha(stats, spread=1.0)) == 0
+    auto.observe(stats)
+    stats.record_tokens("accepted", 30)
+    auto.observe(stats)
+    best = costly.best_K(auto.alpha(), K_max=12)  # the decoder's K is the largest to consider
+    assert auto.worth_drafting(12) == best > 0 and costly.expected_speedup(auto.alpha(), best) >= costs.WORTH_DRAFTING
+    hesitant = costs.AutoK(None, costly, prior_accepted=7.6, prior_rejected=2.4)  # alpha 0.76: K = 4 pays by 3%
+    assert costly.best_K(hesitant.alpha()) > 0 and hesitant.worth_drafting(12) == 0
+
+
+class Proposals:
+    """Stands for the draft: AutoK tells it how many tokens to propose, and it proposes that many."""
+
+    def propose(self, x, K, settings, rng, stats):
+        return np.zeros(K, np.int64), np.zeros((K, 1), np.float32)
+
+
+def test_auto_K_probes_once_every_probe_every_loops_while_nothing_is_worth_drafting():
+    auto = costs.AutoK(Proposals(), flat_costs(0.3, v=1.8), probe_every=6)
+    stats, probes = sampling.SpeculativeStats(), []
+    for loop in range(60):  # a draft the target always rejects
+        if len(auto.propose(None, 8, None, None, stats)[0]):
+            probes.append(loop)
+            stats.record_tokens("corrected")
+        else:
+            stats.record_tokens("target")
+    assert probes == list(range(0, 60, 7))  # the first loop, then one after every 6 plain steps
