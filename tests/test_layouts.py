@@ -1,6 +1,11 @@
 """layouts.py: column panels and planned matrices multiply like the matrix; a plan follows the measured costs
 (one layout, both where each gains enough and memory allows, padding where more rows cost less); the
-measurement gives a valid plan for a model's own weights, once per process."""
+measurement gives a valid plan for a model's own weights, once per process; a fixed layout repeats a run
+bit for bit."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,3 +167,23 @@ def test_probes_stop_once_they_hold_enough_bytes():
     assert whole.shape == (16, 50) and np.shares_memory(whole, params["wte"])  # a view, not a copy
     (first,) = layouts.probe(roles["unembedding"], probe_bytes=10 * 16 * 4)
     np.testing.assert_array_equal(first, params["wte"][:10].T)
+
+
+REPEATED_RUN = """
+import hashlib, sys
+sys.path[:0] = sys.argv[1:3]
+import gpt2, sampling
+from gpt2_cases import random_params
+hparams = dict(n_vocab=300, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
+draft, target = (gpt2.GPT2Model(random_params(hparams, seed), hparams, layout="plain") for seed in (1, 0))
+tokens = sampling.speculative_sampling([5, 6, 7], draft, target, 40, 3, rng=0, temperature=1.0, top_p=0.9)
+print(tokens.tolist(), hashlib.sha256(target.logits(tokens, len(tokens)).tobytes()).hexdigest())
+"""
+
+
+def test_a_fixed_layout_repeats_a_sampled_run_bit_for_bit_in_a_fresh_process():
+    """The README's promise: with a fixed layout, nothing measured per process, a seed repeats a run exactly."""
+    tests = Path(__file__).resolve().parent
+    runs = [subprocess.run([sys.executable, "-c", REPEATED_RUN, str(tests.parent), str(tests)], capture_output=True,
+                           text=True, timeout=120, check=True).stdout for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0].split("]")[0].split(",")) == 43
