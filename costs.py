@@ -142,9 +142,9 @@ class AutoK:
     A K must promise WORTH_DRAFTING (1.05x) to be chosen; while none does, the loops are plain steps but for one
     in every PROBE_EVERY, which drafts a single token to learn whether the text has become easier. On a machine
     where no K is worth drafting even at alpha = 1, it never drafts. The settings are the module's constants
-    unless given. Choosing K from the past only changes speed, never the
-    output distribution: each loop is still Algorithm 2 with that loop's K. `chosen` lists the K of every loop.
-    Pass it to a decoder as the draft, with K the largest K to consider.
+    unless given. Choosing K from the past only changes speed, never the output distribution: each loop is
+    still Algorithm 2 with that loop's K. `chosen` lists the K of every loop. Pass it to a decoder as the
+    draft, with K the largest K to consider.
     """
 
     def __init__(self, draft, costs, prior_accepted=PRIOR_ACCEPTED, prior_rejected=PRIOR_REJECTED, memory=MEMORY,

@@ -198,6 +198,17 @@ def test_shrink_images_keeps_the_picture_in_fewer_bytes():
     assert difference.mean() < 2  # per channel, out of 255
 
 
+def test_a_print_sent_in_pieces_is_joined_into_one_output():
+    stream = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("report()", outputs=[
+        stream("stdout", "checks:"), stream("stdout", ' {"ok": true}\n'), stream("stderr", "note\n"),
+        stream("stdout", "after\n")])])
+    outputs = make_notebooks.join_streams(notebook).cells[0].outputs
+    assert [(output.name, output.text) for output in outputs] == [
+        ("stdout", 'checks: {"ok": true}\n'), ("stderr", "note\n"), ("stdout", "after\n")]
+    assert checks_of(notebook) == {"ok": True}
+
+
 def test_tool_reports_a_missing_notebook_in_one_line():
     result = subprocess.run([sys.executable, str(REPO / "tools" / "make_notebooks.py"), "--execute", "nope.ipynb"],
                             capture_output=True, text=True, timeout=60)
