@@ -22,20 +22,22 @@ MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up t
 # through AutoK (at temperature 0 a draft is accepted exactly when the draft's greedy token is the target's; at
 # temperature 1, independently with alpha about 0.72), priced at the loop costs bench/pair.py measured on an AMD
 # Zen 3, and then measured for real with bench/pair.py (README, Speed):
-# - the prior on alpha before any draft is judged, Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): mean 0.7 (the pair's
-#   alpha at temperature 1), worth one judged draft, so that the run's own evidence takes over at once;
-PRIOR_ACCEPTED, PRIOR_REJECTED = 0.7, 0.3
-# - how much a judged draft still counts after each later judgement: acceptance comes in runs along a text (a
-#   repeated line, boilerplate), and the last few drafts say most about the next loop;
-MEMORY = 0.7
+# - the prior on alpha before any draft is judged, Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): mean 0.8 (the pair's
+#   alpha at temperature 0 is 0.86, at temperature 1 0.72), worth one judged draft, so that the run's own
+#   evidence takes over at once;
+PRIOR_ACCEPTED, PRIOR_REJECTED = 0.8, 0.2
+# - how much the evidence still counts after each token generated since: acceptance comes in runs along a text
+#   (a repeated line, boilerplate), and while the loops are plain steps, which judge nothing, the evidence fades
+#   (by half in 23 tokens) and alpha grows uncertain again, so that a draft is tried anew (memory per judged draft
+#   instead would leave a run that stopped drafting stopped for good);
+MEMORY = 0.97
+# - K is chosen at an optimistic alpha, the posterior mean plus OPTIMISM standard deviations: where the evidence
+#   is thin, a draft is worth trying; where it is ample, the mean decides;
+OPTIMISM = 0.25
 # - the least expected speedup worth drafting for: the formula leaves out each loop's own bookkeeping and the
-#   draft's catching up after a bonus token (bench/pair.py: measured / expected 0.92-1.0 for the pair);
+#   draft's catching up on the tokens it missed during plain steps (bench/pair.py: measured / expected 0.92-1.0
+#   for the pair).
 WORTH_DRAFTING = 1.05
-# - while no K is worth drafting, one loop in every PROBE_EVERY tokens drafts a single token anyway: a plain step
-#   judges nothing, and without probes a run of rejections would end speculation for the rest of the text. A probe
-#   costs about half a step where nothing pays, and as much again for the draft to read the tokens it missed:
-#   probing every 12 tokens cost the pair 8% at temperature 1, every 24 about 4%.
-PROBE_EVERY = 24
 
 
 @dataclass(frozen=True)
@@ -136,22 +138,22 @@ class AutoK:
     """A draft that chooses its K before every loop: the K that maximises the expected speedup at this machine's
     measured costs and the alpha measured so far in the run, or none (a plain autoregressive step) when no K pays.
 
-    alpha is the mean of a Beta posterior: the prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED) plus the run's
-    accepted and rejected drafts (read from sampling.SpeculativeStats before every loop), each weighted by
-    MEMORY for every draft judged after it, so that the estimate follows the text's easy and hard stretches.
-    A K must promise WORTH_DRAFTING (1.05x) to be chosen; while none does, the loops are plain steps but for one
-    in every PROBE_EVERY, which drafts a single token to learn whether the text has become easier. On a machine
-    where no K is worth drafting even at alpha = 1, it never drafts. The settings are the module's constants
-    unless given. Choosing K from the past only changes speed, never the output distribution: each loop is
-    still Algorithm 2 with that loop's K. `chosen` lists the K of every loop. Pass it to a decoder as the
-    draft, with K the largest K to consider.
+    alpha comes from a Beta posterior: the prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED) plus the run's accepted and
+    rejected drafts (read from sampling.SpeculativeStats before every loop), each weighted by MEMORY for every
+    token generated after it, so that the estimate follows the text's easy and hard stretches, and fades during
+    plain steps. K is chosen at the posterior mean plus OPTIMISM standard deviations, and must promise
+    WORTH_DRAFTING (1.05x); otherwise the loop is a plain step. A run that stopped drafting thus tries again once
+    the evidence against it has faded (on the Zen 3's costs, 35 plain steps after a rejection ended a stretch of
+    alpha 0.8, 78 when the run's first draft was rejected); where no K pays even at alpha = 1, it never drafts. The
+    settings are the module's constants unless given. Choosing K from the past only changes speed, never the
+    output distribution: each loop is still Algorithm 2 with that loop's K. `chosen` lists the K of every loop.
+    Pass it to a decoder as the draft, with K the largest K to consider.
     """
 
     def __init__(self, draft, costs, prior_accepted=PRIOR_ACCEPTED, prior_rejected=PRIOR_REJECTED, memory=MEMORY,
-                 worth_drafting=WORTH_DRAFTING, probe_every=PROBE_EVERY):
+                 optimism=OPTIMISM, worth_drafting=WORTH_DRAFTING):
         self.draft, self.costs, self.prior, self.memory = draft, costs, (prior_accepted, prior_rejected), memory
-        self.least_speedup, self.probe_every = worth_drafting, probe_every
-        self.ever_worth = costs.expected_speedup(1.0, costs.best_K(1.0)) >= worth_drafting  # at alpha 1, some K
+        self.optimism, self.least_speedup = optimism, worth_drafting
         for name in ("n_vocab", "n_ctx"):  # what sampling.prepare checks against the target
             if hasattr(draft, name):
                 setattr(self, name, getattr(draft, name))
@@ -159,40 +161,40 @@ class AutoK:
 
     def reset(self):
         """A new sequence: forget the evidence and the K chosen (the draft model forgets its cache)."""
-        self.chosen, self.evidence, self.counted, self.choice = [], (0.0, 0.0), None, {}
-        self.plain_steps = self.probe_every  # the first loop drafts, whatever the prior says
+        self.chosen, self.evidence, self.counted = [], (0.0, 0.0), None
         if hasattr(self.draft, "reset"):
             self.draft.reset()
 
     def observe(self, stats):
-        """Add the drafts judged since the last loop to the evidence, each older judgement weighted by MEMORY once
-        for every new one; a plain step judges nothing and leaves the evidence, and the choice, as they were."""
+        """Add the drafts judged since the last loop to the evidence, after weighting the older evidence by
+        MEMORY once for every token generated since."""
+        now = (stats.generated, stats.accepted, stats.rejected)
         if self.counted is None:  # the run's first loop: what stats held before it is another run's
-            self.counted = (stats.accepted, stats.rejected)
-        accepted, rejected = stats.accepted - self.counted[0], stats.rejected - self.counted[1]
-        if accepted or rejected:
-            decay = self.memory ** (accepted + rejected)
-            self.evidence = (decay * self.evidence[0] + accepted, decay * self.evidence[1] + rejected)
-            self.counted = (stats.accepted, stats.rejected)
-            self.choice = {}  # alpha moved: choose anew
+            self.counted = now
+        tokens, accepted, rejected = (a - b for a, b in zip(now, self.counted))
+        fade = self.memory ** tokens
+        self.evidence = (fade * self.evidence[0] + accepted, fade * self.evidence[1] + rejected)
+        self.counted = now
 
     def alpha(self):
         """The posterior mean of alpha."""
         accepted, rejected = self.prior[0] + self.evidence[0], self.prior[1] + self.evidence[1]
         return accepted / (accepted + rejected)
 
-    def worth_drafting(self, K):  # the best K up to K at the alpha so far, or 0 where drafting is not worth it
-        if K not in self.choice:
-            best = self.costs.best_K(self.alpha(), K_max=K)
-            self.choice[K] = best if self.costs.expected_speedup(self.alpha(), best) >= self.least_speedup else 0
-        return self.choice[K]
+    def optimistic_alpha(self):
+        """The posterior mean plus OPTIMISM standard deviations (below 1)."""
+        mean, weight = self.alpha(), sum(self.prior) + sum(self.evidence)
+        return min(mean + self.optimism * np.sqrt(mean * (1 - mean) / (weight + 1)), 0.999)
+
+    def worth_drafting(self, K):
+        """The best K up to K at the optimistic alpha, or 0 where drafting is not worth it."""
+        alpha = self.optimistic_alpha()
+        best = self.costs.best_K(alpha, K_max=K)
+        return best if self.costs.expected_speedup(alpha, best) >= self.least_speedup else 0
 
     def propose(self, x, K, settings, rng, stats):  # sampling.draw_drafts' contract for a draft with propose
         self.observe(stats)
         K_n = self.worth_drafting(K)
-        if K_n == 0 and K >= 1 and self.ever_worth and self.plain_steps >= self.probe_every:
-            K_n = 1  # a probe: learn whether the text has become easier
-        self.plain_steps = 0 if K_n else self.plain_steps + 1
         self.chosen.append(K_n)
         return sampling.draw_drafts(self.draft, x, K_n, settings, rng, stats)
 

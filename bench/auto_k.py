@@ -6,12 +6,13 @@ draft, given the target's tokens so far, predicts the target's next token (a loo
 accepted, are the target's tokens). This records that sequence for each held-out prompt (one forward pass of
 each model) and replays any K policy against it, pricing each loop at the costs bench/pair.py measured in its
 runs (a loop of K drafts: K c + v, both in decode steps, from the JSON's row for the nearest K; a plain step:
-1; a draft that missed m plain steps feeds them with its next step, at the target's measured v(m + 1)).
+1; a draft that missed m plain steps feeds them with its next step, at the target's measured v(m + 1), extended
+in a straight line beyond the measured 16 tokens).
 Temperature 1 is replayed with independent acceptances, alpha drawn around --alpha_t1 for each prompt.
 
 The replay runs in seconds, where a real measurement of one setting takes a minute and moves by 5-10% from
 run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. costs.py's AutoK settings
-(PRIOR_*, MEMORY, WORTH_DRAFTING, PROBE_EVERY) were chosen with it; bench/pair.py --K ...,auto then measures
+(PRIOR_*, MEMORY, OPTIMISM, WORTH_DRAFTING) were chosen with it; bench/pair.py --K ...,auto then measures
 the chosen ones for real.
 
     python bench/auto_k.py --pair bench/results/pair_cpu_zen3.json     # the costs of a bench/pair.py run
@@ -40,8 +41,8 @@ import utils  # noqa: E402
 from bench.pair import held_out_tokens  # noqa: E402
 
 FIXED_K = (1, 2, 3, 4, 6, 8)
-SETTINGS = {"memory": (1.0, 0.9, 0.8, 0.7), "prior": ((2.8, 1.2), (0.7, 0.3)), "worth_drafting": (1.0, 1.05, 1.1),
-            "probe_every": (12, 24, 48)}
+SETTINGS = {"memory": (0.96, 0.97, 0.98), "optimism": (0.25, 0.5, 0.75), "prior": ((0.8, 0.2), (1.4, 0.6)),
+            "worth_drafting": (1.05, 1.1)}
 
 
 def parse_args(argv=None):
@@ -100,8 +101,12 @@ def main(argv=None):
     loop_steps = lambda K: K * nearest(K)["cost_ratio"] + nearest(K)["verify_steps"]
     measured = costs.MeasuredCosts(pair["costs"]["decode_step_seconds"], pair["costs"]["draft_step_seconds"],
                                    tuple(pair["costs"]["verify_steps"]))
-    # feeding the draft m + 1 tokens at once costs about what the target's m + 1 do, in its own steps
-    catch_up_steps = lambda m: measured.cost_ratio * (measured.v(min(m + 1, measured.K_max + 1)) - 1)
+    # feeding the draft m + 1 tokens at once costs about what the target's m + 1 do, in its own steps; beyond the
+    # measured 16, each further token costs what the last eight measured did on average
+    top, slope = measured.K_max + 1, (measured.v(measured.K_max + 1) - measured.v(measured.K_max // 2 + 1)) / (
+        measured.K_max - measured.K_max // 2)
+    scored_steps = lambda m: measured.v(m) if m <= top else measured.v(top) + slope * (m - top)
+    catch_up_steps = lambda m: measured.cost_ratio * (scored_steps(m + 1) - 1)
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(pair["target"], args.models_dir)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(pair["draft"], args.models_dir)
     tokens = held_out_tokens(encoder, pair["heldout"])
@@ -116,10 +121,10 @@ def main(argv=None):
     def median_speedup(matches, policy):  # policy() -> a fresh choose(stats)
         return statistics.median(replay(accepted, policy(), loop_steps, catch_up_steps) for accepted in matches)
 
-    def auto(memory, prior, worth_drafting, probe_every):
+    def auto(memory, optimism, prior, worth_drafting):
         def policy():
             chooser = costs.AutoK(NoDraft(), measured, prior_accepted=prior[0], prior_rejected=prior[1], memory=memory,
-                                  worth_drafting=worth_drafting, probe_every=probe_every)
+                                  optimism=optimism, worth_drafting=worth_drafting)
             return lambda stats: len(chooser.propose(None, 12, None, None, stats)[0])
         return policy
 
@@ -135,7 +140,7 @@ def main(argv=None):
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     chosen = next(row for row in result["settings"] if row["memory"] == costs.MEMORY and row["prior"] == (
         costs.PRIOR_ACCEPTED, costs.PRIOR_REJECTED) and row["worth_drafting"] == costs.WORTH_DRAFTING
-                  and row["probe_every"] == costs.PROBE_EVERY)
+                  and row["optimism"] == costs.OPTIMISM)
     result["costs_py_settings"] = chosen
     print(json.dumps(result))
 

@@ -185,7 +185,7 @@ def test_auto_k_bench_replays_settings_on_a_pair_runs_costs(tmp_path):
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert set(result["fixed_K_temperature_0"]) == {"1", "2", "3", "4", "6", "8"}
     assert result["best_fixed_temperature_0"] == max(result["fixed_K_temperature_0"].values())
-    assert len(result["settings"]) == 72 and all(row["temperature_0"] > 0 and row["temperature_1"] > 0
+    assert len(result["settings"]) == 36 and all(row["temperature_0"] > 0 and row["temperature_1"] > 0
                                                  for row in result["settings"])
     assert result["costs_py_settings"]["memory"] == costs.MEMORY  # costs.py's own setting is among those replayed
 

@@ -125,17 +125,21 @@ def test_auto_K_follows_the_runs_alpha_weighting_recent_drafts_more():
     assert forgetful.alpha() > 0.75 and steadfast.alpha() < 0.3  # memory 1 counts every judgement alike
 
 
-def test_auto_K_drafts_only_what_is_worth_drafting():
+def test_auto_K_drafts_only_what_is_worth_drafting_at_an_optimistic_alpha():
     costly = flat_costs(0.3, v=1.8)
     auto = costs.AutoK(None, costly)
     stats = sampling.SpeculativeStats()
     auto.observe(stats)
     stats.record_tokens("accepted", 30)
     auto.observe(stats)
-    best = costly.best_K(auto.alpha(), K_max=12)  # the decoder's K is the largest to consider
-    assert auto.worth_drafting(12) == best > 0 and costly.expected_speedup(auto.alpha(), best) >= costs.WORTH_DRAFTING
-    hesitant = costs.AutoK(None, costly, prior_accepted=7.6, prior_rejected=2.4)  # alpha 0.76: K = 4 pays by 3%
-    assert costly.best_K(hesitant.alpha()) > 0 and hesitant.worth_drafting(12) == 0
+    best = costly.best_K(auto.optimistic_alpha(), K_max=12)  # the decoder's K is the largest to consider
+    assert auto.worth_drafting(12) == best > 0
+    assert costly.expected_speedup(auto.optimistic_alpha(), best) >= costs.WORTH_DRAFTING
+    assert auto.alpha() < auto.optimistic_alpha() < 1
+    hesitant = costs.AutoK(None, costly, prior_accepted=76, prior_rejected=24, optimism=0)  # alpha 0.76: K = 4
+    assert costly.best_K(hesitant.alpha()) > 0 and hesitant.worth_drafting(12) == 0  # pays by 3%, not 5%
+    unsure = costs.AutoK(None, costly, prior_accepted=0.76, prior_rejected=0.24)  # the same mean, from little evidence
+    assert unsure.worth_drafting(12) > 0  # worth trying
 
 
 class Proposals:
@@ -145,13 +149,20 @@ class Proposals:
         return np.zeros(K, np.int64), np.zeros((K, 1), np.float32)
 
 
-def test_auto_K_probes_once_every_probe_every_loops_while_nothing_is_worth_drafting():
-    auto = costs.AutoK(Proposals(), flat_costs(0.3, v=1.8), probe_every=6)
-    stats, probes = sampling.SpeculativeStats(), []
-    for loop in range(60):  # a draft the target always rejects
-        if len(auto.propose(None, 8, None, None, stats)[0]):
-            probes.append(loop)
-            stats.record_tokens("corrected")
-        else:
-            stats.record_tokens("target")
-    assert probes == list(range(0, 60, 7))  # the first loop, then one after every 6 plain steps
+def test_auto_K_tries_again_once_plain_steps_have_faded_the_evidence():
+    def drafting_loops(memory):  # a draft the target always rejects, 400 loops
+        auto = costs.AutoK(Proposals(), flat_costs(0.3, v=1.8), memory=memory)
+        stats, drafting = sampling.SpeculativeStats(), []
+        for loop in range(400):
+            if len(auto.propose(None, 8, None, None, stats)[0]):
+                drafting.append(loop)
+                stats.record_tokens("corrected")
+            else:
+                stats.record_tokens("target")
+        return drafting
+
+    fading, steadfast = drafting_loops(costs.MEMORY), drafting_loops(1.0)
+    assert steadfast == [0]  # evidence that never fades: one rejection ends speculation for good
+    assert fading[0] == 0 and len(fading) >= 4  # fading evidence: it tries again, and again
+    gaps = np.diff(fading)
+    assert gaps.min() >= 20 and all(later >= earlier for earlier, later in zip(gaps, gaps[1:]))  # rarely, then rarer
