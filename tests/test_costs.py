@@ -94,7 +94,7 @@ def test_auto_K_decodes_the_autoregressive_tokens_and_chooses_none_where_nothing
         out = sampling.speculative_sampling(prompt, auto, target, 30, 8, temperature=0, stats=stats)
         np.testing.assert_array_equal(out, expected)
         assert len(auto.chosen) == stats.loops
-    assert set(hopeless.chosen) == {0}  # no K pays at any alpha: every loop a plain step, not even a probe
+    assert set(hopeless.chosen) == {0}  # no K pays at any alpha: every loop a plain step, never a try
     assert max(paying.chosen) >= 4 and all(K <= 8 for K in paying.chosen)  # the cap is the decoder's K
     assert paying.n_vocab == draft.n_vocab and paying.n_ctx == draft.n_ctx
     paying.reset()
