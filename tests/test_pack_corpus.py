@@ -76,7 +76,8 @@ def test_train_and_distill_from_packed_tokens(packed, tmp_path):
     _, pack_dir, _ = packed
     tokens = pack_dir / "tokens.npz"
     train_pair.main(corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, out_dir=tmp_path, steps=2, batch_size=2,
-                    seq_len=16, warmup=1, eval_every=2, target_shape=(32, 2, 4), draft_shape=(16, 1, 2), tokens=tokens)
+                    seq_len=16, warmup=1, eval_every=2, target_shape=(32, 2, 4), draft_shape=(16, 1, 2), tokens=tokens,
+                    state_dir=tmp_path / "state")
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["recipe"]["tokens"] == str(tokens) and log["steps_done"] == 2
     assert log["train_tokens"] == len(pack_corpus.load_packed_tokens(tokens, pack_dir)[0])
@@ -90,6 +91,56 @@ def test_train_and_distill_from_packed_tokens(packed, tmp_path):
     stage = json.loads((tmp_path / "training_log.json").read_text())["draft_distillation"]
     assert stage["recipe"]["batch_size"] == 2 and [e["step"] for e in stage["evals"]] == [0, 2]
     assert not (tmp_path / "no-corpus").exists()  # nothing was read from (or cached beside) a corpus folder
+
+
+def test_training_resumes_where_it_was_interrupted_and_warm_starts_from_a_pair(packed, tmp_path, monkeypatch):
+    """An interrupted run, run again, ends with the very weights of an uninterrupted one (the state holds the
+    optimiser, the step and the data sampler); a run with another recipe refuses the saved state; --init_from
+    starts from a pair folder's weights."""
+    pytest.importorskip("jax")
+    import pickle
+
+    from tools import train_pair
+
+    _, pack_dir, _ = packed
+    run = dict(corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=4, batch_size=2, seq_len=16, warmup=1,
+               eval_every=2, target_shape=(32, 2, 4), draft_shape=(16, 2, 2), tokens=pack_dir / "tokens.npz",
+               repeat_share=0.5, save_minutes=0)
+    train_pair.main(out_dir=tmp_path / "whole", state_dir=tmp_path / "whole-state", **run)
+    schedule = train_pair.learning_rate
+
+    def interrupted(step, *args):
+        if step == 2:
+            raise KeyboardInterrupt
+        return schedule(step, *args)
+
+    monkeypatch.setattr(train_pair, "learning_rate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_pair.main(out_dir=tmp_path / "resumed", state_dir=tmp_path / "resumed-state", **run)
+    monkeypatch.setattr(train_pair, "learning_rate", schedule)
+    states = [pickle.loads((tmp_path / name / "state.pkl").read_bytes()) for name in ("resumed-state",)]
+    assert states[0]["log"]["steps_done"] == 2
+    train_pair.main(out_dir=tmp_path / "resumed", state_dir=tmp_path / "resumed-state", **run)
+    whole, resumed = (pickle.loads((tmp_path / name / "state.pkl").read_bytes()) for name in ("whole-state", "resumed-state"))
+    assert resumed["log"]["steps_done"] == whole["log"]["steps_done"] == 4
+    leaves = lambda state: jax_leaves(state["params"]) + jax_leaves(state["opt_state"])
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(whole), leaves(resumed)))
+    with pytest.raises(SystemExit, match="another recipe .*steps"):
+        train_pair.main(out_dir=tmp_path / "resumed", state_dir=tmp_path / "resumed-state", **{**run, "steps": 5})
+
+    warm = train_pair.main(out_dir=tmp_path / "warm", state_dir=tmp_path / "warm-state",
+                           init_from=tmp_path / "whole", **{**run, "steps": 1})
+    assert warm is None
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-draft", tmp_path / "warm")
+    assert hparams["n_layer"] == 2
+    log = json.loads((tmp_path / "warm" / "training_log.json").read_text())
+    assert log["recipe"]["init_from"] == str(tmp_path / "whole") and log["evals"][-1]["target_copy_accuracy"] >= 0
+
+
+def jax_leaves(tree):
+    import jax
+
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
 
 
 def test_the_model_cards_accelerator_commands_use_existing_flags():

@@ -13,11 +13,21 @@ as OpenAI's GPT-2.
                                                                      # (tools/pack_corpus.py), no text needed
 
 The recipe scales: raise --steps, --batch_size and the shapes on an accelerator.
+
+On a CPU the run takes hours, so it survives interruptions: every --save_minutes it saves its whole state
+(both models, the optimiser's moments, the step, the data sampler) atomically to --state_dir, outside the
+checkout, and a second run of the same command resumes from it. With --init_from models it starts from
+the committed float16 pair instead of random weights (a warm start, when the saved state is lost). Pause
+it for a benchmark with `kill -STOP <pid>` and let it go on with `kill -CONT <pid>`.
+
+    nohup python tools/train_pair.py --tokens build/pack/tokens.npz --bpe_dir build/pack --init_from models \
+        --state_dir ~/.cache/speculative-kit/train_pair --steps 1500 > ~/.cache/speculative-kit/train_pair.log 2>&1 &
 """
 
 import json
 import math
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -32,7 +42,7 @@ import gpt2  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
 from tf_checkpoint import write_atomically  # noqa: E402
 from tools.pack_corpus import load_packed_tokens  # noqa: E402
-from utils import save_gpt2_checkpoint  # noqa: E402
+import utils  # noqa: E402
 
 def load_tokens(corpus_file, encoder, cache_file):
     """The corpus as one array of token ids, each document followed by <|endoftext|>; cached on disk beside
@@ -55,11 +65,21 @@ def load_splits(corpus_dir, bpe_dir, encoder, tokens=None):
             load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy"))
 
 
-def batches(tokens, batch_size, seq_len, rng):
-    """Endless random windows of seq_len + 1 tokens: [batch_size, seq_len + 1]."""
+def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0):
+    """Endless random windows of seq_len + 1 tokens: [batch_size, seq_len + 1].
+
+    A share of the windows (repeat_share) gets one of its own spans (32-128 tokens, fewer in short windows)
+    written again later in the window, as code and reference text repeat names and lines: next-token prediction on the second
+    copy rewards copying, which makes induction heads (two attention layers composing) form early."""
     while True:
         starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
-        yield np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
+        windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
+        for window in windows[rng.random(batch_size) < repeat_share]:
+            length = int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
+            source = int(rng.integers(0, seq_len + 2 - 2 * length))
+            copy_to = int(rng.integers(source + length, seq_len + 2 - length))
+            window[copy_to:copy_to + length] = window[source:source + length]
+        yield windows
 
 
 def batched_logits(params, n_head, inputs):  # [batch, seq] -> [batch, seq, n_vocab]
@@ -127,12 +147,17 @@ def make_train_step(target_heads, draft_heads):
 def make_evaluate(target_heads, draft_heads):
     @jax.jit
     def evaluate(params, batch):
-        """Held-out cross-entropy of both models and how often their argmaxes agree (greedy acceptance)."""
+        """Held-out cross-entropy of both models, how often their argmaxes agree (greedy acceptance), and how
+        often each one's argmax is right on the second half of a window that repeats its first half (copying)."""
         inputs, targets = batch[:, :-1], batch[:, 1:]
         target_logits = batched_logits(params["target"], target_heads, inputs)
         draft_logits = batched_logits(params["draft"], draft_heads, inputs)
         agreement = jnp.mean(jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1))
-        return cross_entropy(target_logits, targets), cross_entropy(draft_logits, targets), agreement
+        half = inputs.shape[1] // 2
+        repeated = jnp.concatenate([inputs[:, :half], inputs[:, :half]], axis=1)
+        copied = [jnp.mean(jnp.argmax(batched_logits(params[role], heads, repeated)[:, half:-1], -1) == repeated[:, half + 1:])
+                  for role, heads in (("target", target_heads), ("draft", draft_heads))]
+        return (cross_entropy(target_logits, targets), cross_entropy(draft_logits, targets), agreement, *copied)
 
     return evaluate
 
@@ -141,12 +166,13 @@ def held_out_metrics(evaluate, params, tokens, seq_len, n_windows=64, batch_size
     """Mean metrics over fixed, non-overlapping held-out windows (the same ones on every run)."""
     n_windows = min(n_windows, (len(tokens) - 1) // seq_len)
     windows = np.stack([tokens[i * seq_len:(i + 1) * seq_len + 1] for i in range(n_windows)]).astype(np.int32)
-    sums = np.zeros(3)
+    sums = 0
     for start in range(0, n_windows - batch_size + 1, batch_size):
         sums += np.array([float(v) for v in evaluate(params, windows[start:start + batch_size])])
-    target_ce, draft_ce, agreement = sums / (n_windows // batch_size)
+    target_ce, draft_ce, agreement, target_copy, draft_copy = sums / (n_windows // batch_size)
     return {"target_loss": target_ce, "target_perplexity": math.exp(target_ce), "draft_loss": draft_ce,
-            "draft_perplexity": math.exp(draft_ce), "argmax_agreement": agreement}
+            "draft_perplexity": math.exp(draft_ce), "argmax_agreement": agreement,
+            "target_copy_accuracy": target_copy, "draft_copy_accuracy": draft_copy}
 
 
 def write_model(out_dir, params, hparams, bpe_dir):
@@ -154,7 +180,7 @@ def write_model(out_dir, params, hparams, bpe_dir):
     renamed into place, so an interrupted run never leaves a half-written model."""
     tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    save_gpt2_checkpoint(params, hparams, tmp_dir, dtype=np.float16)
+    utils.save_gpt2_checkpoint(params, hparams, tmp_dir, dtype=np.float16)
     for name in ("encoder.json", "vocab.bpe"):
         shutil.copyfile(bpe_dir / name, tmp_dir / name)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -167,13 +193,49 @@ def write_pair(out_dir, params, hparams, bpe_dir, names, log):
     write_atomically(out_dir / "training_log.json", (json.dumps(log, indent=2) + "\n").encode())
 
 
+def save_state(state_dir, state):
+    """The whole training state (numpy arrays, the sampler's state, the log) in one file, replaced atomically."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    host = {**state, **{key: jax.tree.map(np.asarray, state[key]) for key in ("params", "opt_state")}}  # plain numpy
+    write_atomically(state_dir / "state.pkl", pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def load_state(state_dir, recipe):
+    """The saved state of a run with this very recipe, or None when there is none; a different recipe is an error,
+    since resuming it would silently mix two runs."""
+    path = state_dir / "state.pkl"
+    if not path.exists():
+        return None
+    with open(path, "rb") as file:
+        state = pickle.load(file)
+    if state["log"]["recipe"] != recipe:
+        changed = sorted(k for k in recipe if state["log"]["recipe"].get(k) != recipe[k])
+        raise SystemExit(f"train_pair: {path} holds a run with another recipe ({', '.join(changed)} differ); "
+                         "give another --state_dir or delete it")
+    return state
+
+
+def warm_start(init_from, names, encoder):
+    """(params, hparams) of a pair folder (the committed float16 pair), to continue training from it."""
+    params, hparams = {}, {}
+    for role, name in names.items():
+        model_encoder, hparams[role], params[role] = utils.load_encoder_hparams_and_params(name, init_from)
+        if model_encoder.encoder != encoder.encoder:
+            raise SystemExit(f"train_pair: {Path(init_from) / name} has another vocabulary than --bpe_dir")
+    return params, hparams
+
+
 def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", steps=1500, batch_size=16,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250,
          target_shape=(256, 12, 8), draft_shape=(128, 1, 4), target_name="teach-target", draft_name="teach-draft",
-         tokens=None):
+         tokens=None, repeat_share=0.0, init_from=None, state_dir="~/.cache/speculative-kit/train_pair",
+         save_minutes=5.0):
     """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head); n_ctx is seq_len.
-    tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's)."""
-    corpus_dir, bpe_dir, out_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir)
+    tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
+    repeat_share: the share of training windows that repeat one of their spans (see batches).
+    init_from: a folder holding target_name and draft_name to start from (their shapes and n_ctx replace the
+    shapes and seq_len given). state_dir: where the run saves its state every save_minutes and resumes from."""
+    corpus_dir, bpe_dir, out_dir, state_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir), Path(state_dir).expanduser()
     encoder = get_encoder_from_dir(bpe_dir)
     train, held_out = load_splits(corpus_dir, bpe_dir, encoder, tokens)
     print(f"train tokens {len(train):,}, held-out tokens {len(held_out):,}, vocabulary {encoder.n_vocab}", flush=True)
@@ -182,36 +244,55 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
         n_embd, n_layer, n_head = shape
         return {"n_vocab": encoder.n_vocab, "n_ctx": seq_len, "n_embd": n_embd, "n_head": n_head, "n_layer": n_layer}
 
-    hparams = {"target": hparams_for(target_shape), "draft": hparams_for(draft_shape)}
     names = {"target": target_name, "draft": draft_name}
-    rng = np.random.default_rng(seed)
-    params = {name: jax.tree.map(jnp.asarray, gpt2.init_params(hp, rng)) for name, hp in hparams.items()}
-    opt_state = adamw_init(params)
+    if init_from:
+        initial_params, hparams = warm_start(init_from, names, encoder)
+        seq_len = hparams["target"]["n_ctx"]
+    else:
+        hparams = {"target": hparams_for(target_shape), "draft": hparams_for(draft_shape)}
+    recipe = {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
+              "seed": seed, "hparams": hparams, "tokens": str(tokens) if tokens else None,
+              "repeat_share": repeat_share, "init_from": str(init_from) if init_from else None}
+    state = load_state(state_dir, recipe)
+    if state is None:
+        rng = np.random.default_rng(seed)
+        if not init_from:
+            initial_params = {name: gpt2.init_params(hp, rng) for name, hp in hparams.items()}
+        params = jax.tree.map(jnp.asarray, initial_params)
+        log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind), "evals": [],
+               "train_tokens": int(len(train)), "held_out_tokens": int(len(held_out)), "steps_done": 0, "minutes": 0.0}
+        state = {"params": params, "opt_state": adamw_init(params), "log": log, "rng": rng.bit_generator.state}
+    else:
+        print(f"resuming {state_dir / 'state.pkl'} at step {state['log']['steps_done']}", flush=True)
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng"]
+    params, opt_state, log = jax.tree.map(jnp.asarray, state["params"]), state["opt_state"], state["log"]
     train_step = make_train_step(hparams["target"]["n_head"], hparams["draft"]["n_head"])
     evaluate = make_evaluate(hparams["target"]["n_head"], hparams["draft"]["n_head"])
 
-    log = {"recipe": {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
-                      "seed": seed, "hparams": hparams, "tokens": str(tokens) if tokens else None,
-                      "jax": jax.__version__,
-                      "device": str(jax.devices()[0].device_kind)}, "evals": [],
-           "train_tokens": int(len(train)), "held_out_tokens": int(len(held_out))}
-    started = time.perf_counter()
-    data = batches(train, batch_size, seq_len, rng)
-    for step in range(steps):
+    def save():  # the sampler's state is saved with the step it will serve next, so a resumed run sees the same data
+        save_state(state_dir, {"params": params, "opt_state": opt_state, "log": log, "rng": rng.bit_generator.state})
+
+    started, minutes_before, last_save = time.perf_counter(), log["minutes"], time.perf_counter()
+    data = batches(train, batch_size, seq_len, rng, repeat_share)
+    for step in range(log["steps_done"], steps):
         batch = next(data)
         params, opt_state, target_loss, draft_loss = train_step(
             params, opt_state, batch, learning_rate(step, steps, lr, warmup))
+        log.update(steps_done=step + 1, tokens_seen=(step + 1) * batch_size * seq_len,
+                   minutes=minutes_before + (time.perf_counter() - started) / 60)
         if step % 50 == 0 or step == steps - 1:
             target_loss, draft_loss = float(target_loss), float(draft_loss)  # waits for the step to finish
-            print(f"step {step:5d}  target {target_loss:.3f}  draft KL {draft_loss:.3f}  "
-                  f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
+            print(f"step {step:5d}  target {target_loss:.3f}  draft KL {draft_loss:.3f}  {log['minutes']:.1f} min", flush=True)
         if (step + 1) % eval_every == 0 or step == steps - 1:
             metrics = held_out_metrics(evaluate, params, held_out, seq_len)
-            metrics.update(step=step + 1, minutes=(time.perf_counter() - started) / 60)
+            metrics.update(step=step + 1, minutes=log["minutes"])
             log["evals"].append(metrics)
-            log.update(steps_done=step + 1, tokens_seen=(step + 1) * batch_size * seq_len, minutes=metrics["minutes"])
             write_pair(out_dir, params, hparams, bpe_dir, names, log)  # a usable pair at every evaluation
             print("held-out", json.dumps({k: round(v, 4) for k, v in metrics.items()}), flush=True)
+        if time.perf_counter() - last_save > 60 * save_minutes or step == steps - 1:
+            save()
+            last_save = time.perf_counter()
 
     print(f"wrote {out_dir / target_name} and {out_dir / draft_name} after {log['minutes']:.1f} min", flush=True)
 
