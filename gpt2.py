@@ -232,14 +232,15 @@ def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume 
 
 
 
-def fast_layout(params, layout="auto"):
+def fast_layout(params, layout="auto", in_place=False):
     """The weights as GPT2Model multiplies them: -> (params with every linear weight in the chosen layout, the
     tied output projection wte.T in it too, or None for wte.T itself). Built once from the checkpoint's params,
     which stay the reference.
 
     layout: "auto" measures this machine (layouts.measure_plan); "plain" keeps the checkpoint's arrays as they
     are; "panels", "row-major" or "column-major" one layout for every matrix; or a layouts.ModelPlan (or one
-    layouts.LayoutPlan for every matrix).
+    layouts.LayoutPlan for every matrix). in_place: lay the matrices out inside params itself, freeing the
+    checkpoint's as it goes (half the peak memory of a large model; params then holds the laid-out matrices).
     """
     if isinstance(layout, str):
         if layout == "plain":
@@ -247,7 +248,7 @@ def fast_layout(params, layout="auto"):
         if layout not in ("auto", *layouts.LAYOUTS):
             raise ValueError(f"unknown layout {layout!r}: choose auto, plain, {', '.join(layouts.LAYOUTS)} or a ModelPlan")
         layout = layouts.measure_plan(params) if layout == "auto" else layouts.fixed_plan(layout)
-    return layouts.fast_layout(params, layout)
+    return layouts.fast_layout(params, layout, in_place)
 
 
 class GPT2Model:
@@ -263,12 +264,12 @@ class GPT2Model:
     layouts of each role's matrices on this machine (row-major, column-major, column panels), for one row (a
     decode step) and for the few rows a verification scores, and keeps what is faster, two layouts where that
     pays; "plain" keeps the checkpoint's arrays as they are, the reference path; "panels" column panels for
-    every product.
+    every product. `in_place` lets the model lay its weights out inside `params` (see fast_layout).
     """
 
-    def __init__(self, params, hparams, use_cache=True, layout="auto"):
+    def __init__(self, params, hparams, use_cache=True, layout="auto", in_place=False):
         self.hparams, self.use_cache = hparams, use_cache
-        self.params, self.unembedding = fast_layout(params, layout)  # the same numbers, laid out once (layouts.py)
+        self.params, self.unembedding = fast_layout(params, layout, in_place)  # the same numbers, laid out once (layouts.py)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 

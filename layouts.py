@@ -21,6 +21,10 @@ a `LayoutPlan`: which layout multiplies m rows, whether to hold a matrix twice (
 for several) where that gains enough, and how many rows to feed for m where padding is measurably cheaper.
 `fast_layout(params, plan)` builds the weights from the `ModelPlan`, once; gpt2.GPT2Model(layout="auto") does
 all this.
+
+Each layout is also timed split across every core (engine/threads.py: the matrix's column groups, one thread
+each, views of the same layout, no copy): a way of multiplying is a layout and a thread count, written
+"panels" for one thread and "panels on 2 threads" for two, and the plan names the way for each row count.
 """
 
 import os
@@ -29,6 +33,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from engine.threads import THREADS, SplitMatrix
 
 LAYOUTS = ("row-major", "column-major", "panels", "wide-panels")
 ROLES = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "unembedding")  # the matrices a block and the head read
@@ -71,7 +77,14 @@ class ColumnPanels:
         padded = np.zeros((n_in, n_panels * width), w.dtype)  # zero columns fill the last panel
         padded[:, :self.n_out] = w
         self.panels = np.ascontiguousarray(padded.reshape(n_in, n_panels, width).transpose(1, 0, 2))
-        self.shape, self.dtype, self.nbytes = w.shape, self.panels.dtype, self.panels.nbytes
+        self.shape, self.dtype, self.nbytes, self.width = w.shape, self.panels.dtype, self.panels.nbytes, width
+
+    def columns(self, start, stop):
+        """Columns start..stop (start a multiple of the width) as panels of their own: a view, no copy."""
+        part = object.__new__(ColumnPanels)
+        part.panels, part.width = self.panels[start // self.width:-(-stop // self.width)], self.width
+        part.n_out, part.shape, part.dtype, part.nbytes = stop - start, (self.shape[0], stop - start), self.dtype, 0
+        return part
 
     def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
         out = np.matmul(x, self.panels)  # [n_panels, m, width], each panel packed while it is in cache
@@ -89,6 +102,21 @@ def laid_out(w, layout):
     return ColumnPanels(w)
 
 
+def way(layout, threads=1):
+    """The name of a way to multiply: a layout, on one thread or split over several (engine/threads.py)."""
+    return layout if threads == 1 else f"{layout} on {threads} threads"
+
+
+def ways(threads):
+    """Every way measured with `threads` threads available: each layout on one thread, and on all of them."""
+    return LAYOUTS + tuple(way(layout, threads) for layout in LAYOUTS if threads > 1)
+
+
+def layout_and_threads(name):  # "panels on 2 threads" -> ("panels", 2)
+    layout, _, threads = name.partition(" on ")
+    return layout, int(threads.split()[0]) if threads else 1
+
+
 def native_layout(w):  # the layout w already lies in, if any
     return "row-major" if w.flags.c_contiguous else "column-major" if w.flags.f_contiguous else None
 
@@ -97,8 +125,9 @@ def native_layout(w):  # the layout w already lies in, if any
 class LayoutPlan:
     """Which layout multiplies m rows and how many rows to feed for m, for m = 1 .. MAX_ROWS.
 
-    layouts[m - 1] is one of LAYOUTS; rows_to_feed[m - 1] >= m (zero rows pad the block, their results are
-    dropped). costs, when measured: {layout: [time of m rows / time of one row in the first layout, m = 1..]}.
+    layouts[m - 1] is a way to multiply: one of LAYOUTS, or one of them split over threads (`way`); rows_to_feed[m - 1]
+    >= m (zero rows pad the block, their results are dropped). costs, when measured: {way: [time of m rows / time
+    of one row in the matrix's native layout, m = 1..]}.
     """
 
     layouts: tuple
@@ -106,7 +135,7 @@ class LayoutPlan:
     costs: dict = None
 
     def __post_init__(self):
-        if len(self.layouts) != MAX_ROWS or not set(self.layouts) <= set(LAYOUTS):
+        if len(self.layouts) != MAX_ROWS or not {layout_and_threads(name)[0] for name in self.layouts} <= set(LAYOUTS):
             raise ValueError(f"a plan names one of {LAYOUTS} for each of 1..{MAX_ROWS} rows, got {self.layouts}")
         if len(self.rows_to_feed) != MAX_ROWS or any(rows < m for m, rows in enumerate(self.rows_to_feed, 1)):
             raise ValueError(f"rows_to_feed must give at least m rows for each m = 1..{MAX_ROWS}, got {self.rows_to_feed}")
@@ -114,12 +143,13 @@ class LayoutPlan:
     def rows(self, m):  # how many rows to multiply to get m
         return self.rows_to_feed[m - 1] if m <= MAX_ROWS else m
 
-    def layout(self, n_rows):  # the layout that multiplies n_rows (fed) rows
+    def layout(self, n_rows):  # the way that multiplies n_rows (fed) rows
         return self.layouts[min(n_rows, MAX_ROWS) - 1]
 
     @property
-    def kept(self):  # the layouts the matrix is held in
-        return tuple(layout for layout in LAYOUTS if layout in self.layouts)
+    def kept(self):  # the layouts the matrix is held in (a split multiplies views of one of them)
+        held = {layout_and_threads(name)[0] for name in self.layouts}
+        return tuple(layout for layout in LAYOUTS if layout in held)
 
     def describe(self):
         one, several = self.layouts[0], sorted(set(self.layouts[1:]))
@@ -167,9 +197,17 @@ class PlannedMatrix:
         self.shape, self.dtype = w.shape, w.dtype
         self.stored = {layout: laid_out(w, layout) for layout in plan.kept}
         self.nbytes = sum(stored.nbytes for stored in self.stored.values())
+        multipliers = {}  # way -> what multiplies: a stored layout, or column groups of it on several threads
+
+        def multiplier(name):
+            if name not in multipliers:
+                layout, threads = layout_and_threads(name)
+                multipliers[name] = self.stored[layout] if threads == 1 else SplitMatrix(self.stored[layout], threads)
+            return multipliers[name]
+
         # looked up once per product, so a decode step pays one list index: m -> (rows to feed, what multiplies them)
-        self.by_rows = [None] + [(plan.rows(m), self.stored[plan.layout(plan.rows(m))]) for m in range(1, MAX_ROWS + 1)]
-        self.for_more_rows = self.stored[plan.layout(MAX_ROWS)]
+        self.by_rows = [None] + [(plan.rows(m), multiplier(plan.layout(plan.rows(m)))) for m in range(1, MAX_ROWS + 1)]
+        self.for_more_rows = multiplier(plan.layout(MAX_ROWS))
 
     def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
         m = len(x)
@@ -181,20 +219,30 @@ class PlannedMatrix:
 
 
 def as_it_is(w, plan):
-    """Whether the plan multiplies w as it is: one layout, the one w lies in, every block fed as it is."""
-    return plan.kept == (native_layout(w),) and plan.rows_to_feed == tuple(range(1, MAX_ROWS + 1))
+    """Whether the plan multiplies w as it is: one layout, the one w lies in, on one thread, every block fed as it is."""
+    return set(plan.layouts) == {native_layout(w)} and plan.rows_to_feed == tuple(range(1, MAX_ROWS + 1))
 
 
-def fast_layout(params, plan):
+def fast_layout(params, plan, in_place=False):
     """-> (params with each linear weight ("w") laid out by its role's plan, the output projection wte.T likewise).
 
     plan: a ModelPlan, or one LayoutPlan for every role. A matrix its plan multiplies as it is stays the
     caller's array; the other arrays (biases, layer norms, wte for the embedding lookup) are shared, not
     copied; params comes back as it is where no block matrix changes, and the output projection as None (gpt2
     then uses wte.T) where it does not change, so the plain path pays nothing for having been measured.
+    in_place: write the laid-out matrices into params itself, so that each checkpoint matrix is freed as soon as
+    its new layout is built (when nothing else holds it): GPT-2 1558M then peaks near its 6.2 GB instead of twice.
     """
     plan = plan if isinstance(plan, ModelPlan) else ModelPlan.uniform(plan)
     matrix = lambda w, role: w if as_it_is(w, plan[role]) else PlannedMatrix(w, plan[role])
+    unembedding = params["wte"].T  # [n_embd, n_vocab]
+    unembedding = None if as_it_is(unembedding, plan["unembedding"]) else PlannedMatrix(unembedding, plan["unembedding"])
+    if in_place:
+        for block in params["blocks"]:
+            for group in ("attn", "mlp"):
+                for layer, weights in block[group].items():
+                    weights["w"] = matrix(weights.pop("w"), f"{group}.{layer}")
+        return params, unembedding
 
     def lay_out(block):
         return {**block, **{group: {layer: {**weights, "w": matrix(weights["w"], f"{group}.{layer}")}
@@ -203,22 +251,21 @@ def fast_layout(params, plan):
     blocks = [lay_out(block) for block in params["blocks"]]
     unchanged = all(new[group][layer]["w"] is old[group][layer]["w"] for new, old in zip(blocks, params["blocks"])
                     for group in ("attn", "mlp") for layer in new[group])
-    unembedding = params["wte"].T  # [n_embd, n_vocab]
-    unembedding = None if as_it_is(unembedding, plan["unembedding"]) else PlannedMatrix(unembedding, plan["unembedding"])
     return (params if unchanged else {**params, "blocks": blocks}), unembedding
 
 
 # ---- choosing, from this machine's measurements ------------------------------------------------
 
 
-def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None, native=None):
-    """A LayoutPlan from measured costs {layout: [cost of m rows, m = 1 .. MAX_ROWS]} (medians, any common unit).
+def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None, native=None, second_copy=True):
+    """A LayoutPlan from measured costs {way: [cost of m rows, m = 1 .. MAX_ROWS]} (medians, any common unit).
 
-    - One layout when the same one is cheapest for one row and for the blocks verification scores (2 to 9
-      rows, on average). When they differ, both are kept (one for one row, the other for several) only if
-      each gains at least GAIN_WORTH_A_CHOICE and holding the matrix twice takes under a quarter of the
-      machine's memory; otherwise the layout whose advantage is the larger serves every block. A layout
-      needing a copy of the matrix must beat its `native` layout (the one it lies in) by GAIN_WORTH_A_CHOICE.
+    - One way when the same one is cheapest for one row and for the blocks verification scores (2 to 9
+      rows, on average). When they differ, both are used (one for one row, the other for several) only if
+      each gains at least GAIN_WORTH_A_CHOICE and, where they need two layouts of the matrix, second_copy
+      allows one and holding the matrix twice takes under a quarter of the machine's memory; otherwise the
+      way whose advantage is the larger serves every block. Any other way must beat the `native` one (the
+      layout the matrix lies in, one thread) by GAIN_WORTH_A_CHOICE.
     - m rows are fed as m' rows, m < m' <= 2 m, only where m' is cheaper beyond doubt: spread, {layout:
       [(fastest, slowest) of m rows' rounds]}, must show m' rows' slowest round cheaper than m rows' fastest
       by GAIN_WORTH_A_CHOICE (on the AVX2 EPYC two rows once cost 0.75 of a single row: real, but a busy
@@ -239,7 +286,8 @@ def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None, nati
     else:
         gain_one = one_row[best_several] / one_row[best_one] - 1
         gain_several = several_rows[best_one] / several_rows[best_several] - 1
-        both_fit = 2.4 * weights_bytes < memory_bytes / 4  # two layouts, panels up to 1.3x the matrix
+        one_layout = layout_and_threads(best_one)[0] == layout_and_threads(best_several)[0]  # a split is a view
+        both_fit = one_layout or second_copy and 2.4 * weights_bytes < memory_bytes / 4  # panels up to 1.3x the matrix
         if min(gain_one, gain_several) >= GAIN_WORTH_A_CHOICE and both_fit:
             layouts = (best_one,) + (best_several,) * (MAX_ROWS - 1)
         else:
@@ -284,54 +332,77 @@ def probe(matrices, probe_bytes=PROBE_BYTES):
     return chosen
 
 
-def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0):
-    """{role: ({layout: [median time of m rows through the role's probe, m = 1 .. MAX_ROWS]}, {layout: [(fastest,
+def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=None):
+    """{role: ({way: [median time of m rows through the role's probe, m = 1 .. MAX_ROWS]}, {way: [(fastest,
     slowest) round]})}, in units of the role's median one row in its native layout (about four seconds for GPT-2
-    124M's probes, a second for the bundled pair's on the Zen 3).
+    124M's probes, a second for the bundled pair's on the Zen 3, twice that with a split on two threads).
 
-    Within each round the row counts, the layouts and the roles interleave, so that the machine's drift
-    touches them alike and each role's matrices come from memory (the others pass through the cache in
-    between); a first round warms up and is not kept. One row, the decode step, is timed one_row_rounds times
-    in all: its choice matters most, and it is the cheapest to time."""
-    stored = {role: {layout: [laid_out(w, layout) for w in matrices] for layout in LAYOUTS}
-              for role, matrices in probes.items()}
+    The ways are every layout on one thread and, with threads > 1 (default: THREADS.count), split over that many.
+    Within each round the row counts, the ways and the roles interleave, so that the machine's drift touches
+    them alike and each role's matrices come from memory (the others pass through the cache in between); a
+    first round warms up and is not kept. One row, the decode step, is timed one_row_rounds times in all: its
+    choice matters most, and it is the cheapest to time."""
+    threads = THREADS.count if threads is None else threads
+    names = ways(threads)
+    stored = {}
+    for role, matrices in probes.items():
+        laid = {layout: [laid_out(w, layout) for w in matrices] for layout in LAYOUTS}
+        stored[role] = {name: laid[layout] if n == 1 else [SplitMatrix(w, n) for w in laid[layout]]
+                        for name, (layout, n) in ((name, layout_and_threads(name)) for name in names)}
     rng = np.random.default_rng(seed)
     rows = {n_in: rng.standard_normal((MAX_ROWS, n_in)).astype(np.float32)
             for matrices in probes.values() for n_in in {w.shape[0] for w in matrices}}
-    times = {(role, layout, m): [] for role in probes for layout in LAYOUTS for m in range(1, MAX_ROWS + 1)}
+    times = {(role, name, m): [] for role in probes for name in names for m in range(1, MAX_ROWS + 1)}
     for round_ in range(rounds + 1):
         for m in range(1, MAX_ROWS + 1):
             for _ in range(-(-one_row_rounds // rounds) if m == 1 else 1):
-                for layout in LAYOUTS:
+                for name in names:
                     for role in probes:
                         start = time.perf_counter()
-                        for w in stored[role][layout]:
+                        for w in stored[role][name]:
                             rows[w.shape[0]][:m] @ w
                         if round_:
-                            times[role, layout, m].append(time.perf_counter() - start)
+                            times[role, name, m].append(time.perf_counter() - start)
     result = {}
     for role, matrices in probes.items():
         unit = statistics.median(times[role, native_layout(matrices[0]) or LAYOUTS[0], 1])
-        costs = {layout: [statistics.median(times[role, layout, m]) / unit for m in range(1, MAX_ROWS + 1)]
-                 for layout in LAYOUTS}
-        spread = {layout: [(min(times[role, layout, m]) / unit, max(times[role, layout, m]) / unit)
-                           for m in range(1, MAX_ROWS + 1)] for layout in LAYOUTS}
+        costs = {name: [statistics.median(times[role, name, m]) / unit for m in range(1, MAX_ROWS + 1)]
+                 for name in names}
+        spread = {name: [(min(times[role, name, m]) / unit, max(times[role, name, m]) / unit)
+                         for m in range(1, MAX_ROWS + 1)] for name in names}
         result[role] = costs, spread
     return result
 
 
-MEASURED_PLANS = {}  # measured once per process for each set of weight shapes
+MEASURED_PLANS = {}  # measured once per process for each set of weight shapes and thread count
+COPY_BUDGET = 0.25  # second layouts of matrices may take at most this share of the model's weights in memory
 
 
 def measure_plan(params):
     """This machine's ModelPlan for these weights: every role timed on its own probe (under a second for the
-    bundled pair, two to three seconds for GPT-2 124M; once per process for each set of shapes)."""
+    bundled pair, two to three seconds for GPT-2 124M; once per process for each set of shapes and threads).
+
+    A second layout of a role's matrices (one for one row, another for several) is kept only where it pays and
+    all such copies together stay within COPY_BUDGET of the model's weights: the roles that gain the most per
+    byte first. For GPT-2 1558M that is none: a 6.2 GB model held twice would not fit many laptops."""
     matrices = role_matrices(params)
-    shapes = tuple(w.shape for role in ROLES for w in matrices[role])
+    shapes = tuple(w.shape for role in ROLES for w in matrices[role]) + (THREADS.count,)
     if shapes not in MEASURED_PLANS:
         measured = measure_costs_by_layout({role: probe(matrices[role]) for role in ROLES})
-        MEASURED_PLANS[shapes] = ModelPlan({
-            role: plan_from_costs(costs, weights_bytes=sum(w.nbytes for w in matrices[role]), spread=spread,
-                                  native=native_layout(matrices[role][0]))
-            for role, (costs, spread) in measured.items()})
+        role_bytes = {role: sum(w.nbytes for w in matrices[role]) for role in ROLES}
+
+        def plan(role, second_copy=True):
+            costs, spread = measured[role]
+            return plan_from_costs(costs, weights_bytes=role_bytes[role], spread=spread,
+                                   native=native_layout(matrices[role][0]), second_copy=second_copy)
+
+        plans = {role: plan(role) for role in ROLES}
+        budget = COPY_BUDGET * sum(role_bytes.values())
+        copied = sorted((role for role in ROLES if len(plans[role].kept) > 1), key=lambda role: role_bytes[role])
+        for role in copied:  # the smallest copies first: the most roles sped up for the memory
+            if role_bytes[role] <= budget:
+                budget -= role_bytes[role]
+            else:
+                plans[role] = plan(role, second_copy=False)
+        MEASURED_PLANS[shapes] = ModelPlan(plans)
     return MEASURED_PLANS[shapes]

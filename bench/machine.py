@@ -5,12 +5,13 @@ one CPU and at two on another (README, Speed), so every result records them.
 """
 
 import ctypes
-import glob
 import os
 import platform
 from pathlib import Path
 
 import numpy as np
+
+from engine.threads import openblas_call
 
 
 def cpu_model(cpuinfo_path="/proc/cpuinfo"):
@@ -49,15 +50,3 @@ def blas_info():
     info["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
     info["threads"] = openblas_call("get_num_threads", ctypes.c_int)
     return info
-
-
-def openblas_call(name, restype):
-    """openblas_<name>() of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
-    for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
-        handle = ctypes.CDLL(library)
-        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}"):
-            if hasattr(handle, symbol):
-                function = getattr(handle, symbol)
-                function.restype = restype
-                return function()
-    return None

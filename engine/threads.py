@@ -1,0 +1,95 @@
+"""Every core on one product: a weight matrix's columns cut into groups, each multiplied on its own thread.
+
+A decode step of a large model streams every weight from memory once, and one core cannot draw all the
+bandwidth a machine has. OpenBLAS can spread a product over its own threads, but on the 2-core Intel Xeon
+we measured (AVX-512, SkylakeX kernels) two BLAS threads made scoring 2 to 9 rows through GPT-2 1558M cost
+2.8-3.3 decode steps against 1.1-2.1 with one, which makes speculative sampling worthless there. So BLAS
+keeps one thread per call (OPENBLAS_NUM_THREADS=1, set before NumPy loads it) and the split is ours: x @ w
+becomes x @ w[:, group] for a few column groups at once, one on the calling thread and the rest on a small
+pool of Python threads (NumPy lets go of the interpreter lock inside a product), and the groups' outputs
+are joined. Each output column is the same dot product either way; only who computes it changes. The
+groups are views of the matrix as it is stored (row-major, column-major or column panels): no copy.
+
+Whether a split pays is measured, per matrix role and row count, with the layouts (layouts.measure_plan):
+for the bundled pair's small matrices the hand-off costs more than it saves.
+"""
+
+import ctypes
+import glob
+import operator
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+ALIGN = 32  # column groups start at multiples of 32 columns: whole column panels, whole cache lines of a row
+
+
+def usable_cores():
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def openblas_call(name, restype, *args):
+    """openblas_<name>(*args) of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
+    for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
+        handle = ctypes.CDLL(library)
+        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}"):
+            if hasattr(handle, symbol):
+                function = getattr(handle, symbol)
+                function.restype = restype
+                return function(*args)
+    return None
+
+
+class Threads:
+    """How many threads a split product uses, and the pool that runs all groups but the caller's."""
+
+    def __init__(self, count=None):
+        self.count, self.pool = 1, None
+        self.set(count)
+
+    def set(self, count=None):
+        """Use `count` threads (default: every usable core); 1 means no split anywhere."""
+        count = usable_cores() if count is None else count
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"the number of threads must be a positive integer, got {count!r}")
+        openblas_call("set_num_threads", None, ctypes.c_int(1))  # BLAS's own threads would compete with ours
+        if count != self.count or self.pool is None and count > 1:
+            if self.pool is not None:
+                self.pool.shutdown()
+            self.count, self.pool = count, ThreadPoolExecutor(count - 1, "product") if count > 1 else None
+        return self
+
+
+THREADS = Threads()  # one pool per process, sized once by the entry point (main.py --threads)
+
+
+def column_groups(n_columns, n_groups, align=ALIGN):
+    """[(start, stop)] cutting n_columns into at most n_groups near-equal runs, each starting at a multiple of align."""
+    blocks = -(-n_columns // align)
+    cuts = [min(n_columns, align * (blocks * i // n_groups)) for i in range(n_groups + 1)]
+    return [(start, stop) for start, stop in zip(cuts, cuts[1:]) if stop > start]
+
+
+class SplitMatrix:
+    """w [n_in, n_out] (an array, or layouts.ColumnPanels, cut between its panels) multiplied in n_groups column
+    groups at once, on the calling thread and THREADS' pool.
+
+    `x @ split` gives x @ w: the first group on the calling thread, the others on the pool, joined in order."""
+
+    __array_ufunc__ = None  # makes NumPy hand `x @ split` to __rmatmul__
+
+    def __init__(self, w, n_groups):
+        self.shape, self.dtype = w.shape, w.dtype
+        self.nbytes = 0  # views of w: no memory of its own
+        self.groups = [w.columns(start, stop) if hasattr(w, "columns") else w[:, start:stop]
+                       for start, stop in column_groups(w.shape[1], n_groups, getattr(w, "width", ALIGN))]
+
+    def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
+        pool = THREADS.pool
+        if pool is None or len(self.groups) == 1:  # threads set to 1 after the split was built: same numbers, serially
+            return np.concatenate([x @ group for group in self.groups], axis=1)
+        others = [pool.submit(operator.matmul, x, group) for group in self.groups[1:]]
+        first = x @ self.groups[0]
+        return np.concatenate([first, *(product.result() for product in others)], axis=1)

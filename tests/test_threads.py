@@ -1,0 +1,101 @@
+"""engine/threads.py: a product split over threads gives the matrix's product, in any layout, for any row count,
+and the model's logits stay the plain path's across rollbacks; one thread measures and builds exactly what it
+did before threads existed; in_place frees the checkpoint's matrices as it lays them out."""
+
+import numpy as np
+import pytest
+
+import gpt2
+import layouts
+from engine import threads
+from engine.threads import THREADS, SplitMatrix, column_groups
+from gpt2_cases import random_params
+
+# one row split in two row-major halves, several rows in three groups of panels: more groups than the pool's
+# threads on a 2-core machine, so groups also queue
+SPLIT_PLAN = layouts.LayoutPlan(("row-major on 2 threads",) + ("panels on 3 threads",) * 15,
+                                (1, 3, *range(3, 17)))
+HPARAMS = dict(n_vocab=70, n_ctx=40, n_embd=64, n_head=4, n_layer=2)
+
+
+def test_column_groups_cover_the_columns_in_aligned_runs():
+    assert column_groups(100, 2) == [(0, 64), (64, 100)]
+    assert column_groups(64, 3) == [(0, 32), (32, 64)]  # two 32-column blocks cannot make three groups
+    assert column_groups(5000, 2, align=4096) == [(0, 4096), (4096, 5000)]
+    for n, groups in [(1, 4), (33, 2), (4800, 2), (50257, 3)]:
+        cuts = column_groups(n, groups)
+        assert cuts[0][0] == 0 and cuts[-1][1] == n and all(a % 32 == 0 for a, _ in cuts)
+        assert all(stop == start for (_, stop), (start, _) in zip(cuts, cuts[1:]))
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("shape", [(24, 70), (16, 4100), (8, 31)])
+def test_split_products_give_the_matrix_product(layout, shape):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(shape, dtype=np.float32)
+    for groups in (2, 3):
+        split = SplitMatrix(layouts.laid_out(w, layout), groups)
+        assert split.shape == w.shape and split.nbytes == 0  # views: no memory of its own
+        for m in (1, 2, 5, 16, 17):
+            x = rng.standard_normal((m, shape[0]), dtype=np.float32)
+            product = x @ split
+            assert product.shape == (m, shape[1]) and product.dtype == np.float32
+            np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_split_plans_give_the_plain_paths_logits_across_rollbacks(n):
+    params = random_params(HPARAMS, seed=n)
+    tokens = np.random.default_rng(n).integers(0, HPARAMS["n_vocab"], size=HPARAMS["n_ctx"])
+    diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % HPARAMS["n_vocab"]])
+    plain = gpt2.GPT2Model(params, HPARAMS, layout="plain")
+    model = gpt2.GPT2Model(params, HPARAMS, layout=SPLIT_PLAN)
+    assert isinstance(model.params["blocks"][0]["mlp"]["c_fc"]["w"].by_rows[1][1], SplitMatrix)
+    for x, n_last in [(tokens[:7], 1), (tokens[:7 + n], n), (diverged[:4 + n], n), (tokens[:9], 1), (tokens, n)]:
+        logits = model.logits(x, n_last=n_last)
+        assert logits.dtype == np.float32
+        np.testing.assert_allclose(logits, plain.logits(x, n_last=n_last), rtol=1e-5, atol=1e-5)
+
+
+def test_one_thread_measures_and_builds_no_split():
+    count = THREADS.count
+    try:
+        THREADS.set(1)
+        assert THREADS.pool is None and layouts.ways(THREADS.count) == layouts.LAYOUTS
+        params = random_params(HPARAMS, seed=0)
+        plan = layouts.measure_plan(params)
+        assert all(" on " not in way for role in layouts.ROLES for way in plan[role].layouts)
+        assert all(set(plan[role].costs) == set(layouts.LAYOUTS) for role in layouts.ROLES)
+        model = gpt2.GPT2Model(params, HPARAMS, layout="panels")
+        tokens = list(range(10))
+        before = model.logits(tokens, n_last=5)
+        THREADS.set(2)  # a fixed layout never splits: the same numbers, bit for bit, whatever the threads
+        assert np.array_equal(gpt2.GPT2Model(params, HPARAMS, layout="panels").logits(tokens, n_last=5), before)
+        assert "panels on 2 threads" in layouts.ways(2)
+    finally:
+        THREADS.set(count)
+
+
+def test_thread_counts_are_checked():
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="positive integer"):
+            threads.Threads(bad)
+    assert threads.Threads(3).pool._max_workers == 2  # the caller's thread is the third
+
+
+def tree_copy(tree):
+    if isinstance(tree, dict):
+        return {key: tree_copy(value) for key, value in tree.items()}
+    return [tree_copy(value) for value in tree] if isinstance(tree, list) else tree
+
+
+def test_in_place_layout_frees_the_checkpoints_matrices():
+    params = random_params(HPARAMS, seed=1)
+    expected = gpt2.GPT2Model(params, HPARAMS, layout="plain").logits(list(range(12)), n_last=3)
+    copy = tree_copy(params)  # new dicts, the same arrays
+    model = gpt2.GPT2Model(copy, HPARAMS, layout="panels", in_place=True)
+    assert model.params is copy
+    assert all(isinstance(copy["blocks"][i][group][layer]["w"], layouts.PlannedMatrix)
+               for i in range(HPARAMS["n_layer"]) for group, layer in (("attn", "c_attn"), ("mlp", "c_proj")))
+    assert isinstance(params["blocks"][0]["attn"]["c_attn"]["w"], np.ndarray)  # only the tree given was changed
+    np.testing.assert_allclose(model.logits(list(range(12)), n_last=3), expected, rtol=1e-5, atol=1e-5)
