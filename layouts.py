@@ -9,7 +9,10 @@ K + 1 drafted tokens multiplies K + 1 rows by the same weights. Three layouts of
   embedding): one row is a dot product with each of w's columns;
 - "panels" (ColumnPanels, [n_out / 32, n_in, 32]): made for several rows, see ColumnPanels;
 - "wide-panels" (ColumnPanels 4096 wide, at most the matrix's width): for one row through a wide matrix,
-  each panel a row-major block whose output row fits in a core's 32 KB first-level cache.
+  each panel a row-major block whose output row fits in a core's 32 KB first-level cache;
+- "column-panels" (ColumnMajorPanels): the column-major matrix itself, multiplied 16 columns at a time, each
+  block of 16 columns a contiguous [16, n_in] stretch of memory: no copy beyond the column-major one, and on
+  the Intel Xeon we measured (AVX-512) one row as fast as column-major and several rows almost as cheap.
 
 Which is fastest depends on the CPU, its BLAS kernels (README, Speed) and the matrix's shape. On an AMD Zen 3
 (OpenBLAS's Haswell kernels, one thread) one row through GPT-2 124M's mlp.c_fc [768, 3072] read 17.5 GB/s
@@ -36,10 +39,12 @@ import numpy as np
 
 from engine.threads import THREADS, SplitMatrix
 
-LAYOUTS = ("row-major", "column-major", "panels", "wide-panels")
+LAYOUTS = ("row-major", "column-major", "panels", "wide-panels", "column-panels")
+STORED_AS = {"column-panels": "column-major"}  # a layout that is a view of another's storage
 ROLES = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "unembedding")  # the matrices a block and the head read
 MAX_ROWS = 16  # the largest block measured: K + 1 for K up to 15 (more rows use the layout measured for 16)
 PANEL_WIDTH = 32  # columns per panel; why 32, measured, in ColumnPanels
+COLUMN_PANEL_WIDTH = 16  # columns per panel of a column-major matrix; why 16, measured, in ColumnMajorPanels
 WIDE_PANEL_WIDTH = 4096  # 16 KB of output per panel: fits a first-level cache beside the input row
 VERIFY_ROWS = range(2, 10)  # the blocks speculative sampling scores for K = 1 to 8: what "several rows" means
 GAIN_WORTH_A_CHOICE = 0.05  # a layout, a copy or a padding is chosen over another only when this much cheaper
@@ -91,8 +96,43 @@ class ColumnPanels:
         return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.n_out]
 
 
+class ColumnMajorPanels:
+    """A column-major matrix w [n_in, n_out] multiplied as a stack of 16-column panels: a view of w, no copy.
+
+    Column-major, each column of w is contiguous, so 16 neighbouring columns are one contiguous [16, n_in]
+    block, which BLAS reads as a transposed [n_in, 16] panel. One np.matmul over the stack packs each panel while
+    it is in cache, as ColumnPanels does, and one row reads the matrix front to back, as column-major does.
+    Measured on an Intel Xeon (family 6, AVX-512, OpenBLAS's SkylakeX kernels), 8 layers of GPT-2 1558M's
+    matrices, one row on one thread: 15.5 GB/s (ColumnPanels 12-13); 5 rows cost 1.2 single rows (column-major
+    alone 2.6). On two threads (engine/threads.py), mlp.c_proj [6400, 1600]: one row 29 GB/s, 5 rows 1.14 and 8
+    rows 1.32 with 16 columns; 32 columns, a 0.8 MB panel, cost 2.3 at 5 rows; 8 columns read one row as fast.
+    """
+
+    __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__
+
+    def __init__(self, w, width=COLUMN_PANEL_WIDTH):  # w: column-major [n_in, n_out]
+        n_in, n_out = w.shape
+        whole = n_out // width * width
+        self.w, self.width, self.shape, self.dtype, self.nbytes = w, width, w.shape, w.dtype, 0  # w's memory is w's
+        self.panels = w[:, :whole].T.reshape(-1, width, n_in).transpose(0, 2, 1)  # [n_panels, n_in, width], views
+        self.tail = w[:, whole:] if whole < n_out else None  # the last n_out % width columns, multiplied as they lie
+
+    def columns(self, start, stop):  # columns start..stop as panels of their own: a view
+        return ColumnMajorPanels(self.w[:, start:stop], self.width)
+
+    def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
+        out = np.matmul(x, self.panels).transpose(1, 0, 2).reshape(len(x), -1)  # [n_panels, m, width] -> [m, whole]
+        return out if self.tail is None else np.concatenate([out, x @ self.tail], axis=1)
+
+
+def stored_as(layout):  # the layout whose memory holds this one
+    return STORED_AS.get(layout, layout)
+
+
 def laid_out(w, layout):
     """w in a layout: the array itself where it already lies so (no copy), else a C- or F-ordered copy, or panels."""
+    if layout == "column-panels":
+        return ColumnMajorPanels(np.asfortranarray(w))
     if layout == "row-major":
         return np.ascontiguousarray(w)
     if layout == "column-major":
@@ -147,8 +187,8 @@ class LayoutPlan:
         return self.layouts[min(n_rows, MAX_ROWS) - 1]
 
     @property
-    def kept(self):  # the layouts the matrix is held in (a split multiplies views of one of them)
-        held = {layout_and_threads(name)[0] for name in self.layouts}
+    def kept(self):  # the layouts the matrix is held in (a split or column panels are views of one of them)
+        held = {stored_as(layout_and_threads(name)[0]) for name in self.layouts}
         return tuple(layout for layout in LAYOUTS if layout in held)
 
     def describe(self):
@@ -202,7 +242,9 @@ class PlannedMatrix:
         def multiplier(name):
             if name not in multipliers:
                 layout, threads = layout_and_threads(name)
-                multipliers[name] = self.stored[layout] if threads == 1 else SplitMatrix(self.stored[layout], threads)
+                stored = self.stored[stored_as(layout)]
+                stored = ColumnMajorPanels(stored) if layout == "column-panels" else stored
+                multipliers[name] = stored if threads == 1 else SplitMatrix(stored, threads)
             return multipliers[name]
 
         # looked up once per product, so a decode step pays one list index: m -> (rows to feed, what multiplies them)
@@ -286,7 +328,7 @@ def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None, nati
     else:
         gain_one = one_row[best_several] / one_row[best_one] - 1
         gain_several = several_rows[best_one] / several_rows[best_several] - 1
-        one_layout = layout_and_threads(best_one)[0] == layout_and_threads(best_several)[0]  # a split is a view
+        one_layout = len({stored_as(layout_and_threads(name)[0]) for name in (best_one, best_several)}) == 1  # views
         both_fit = one_layout or second_copy and 2.4 * weights_bytes < memory_bytes / 4  # panels up to 1.3x the matrix
         if min(gain_one, gain_several) >= GAIN_WORTH_A_CHOICE and both_fit:
             layouts = (best_one,) + (best_several,) * (MAX_ROWS - 1)

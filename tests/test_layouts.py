@@ -32,6 +32,22 @@ def test_column_panels_multiply_like_the_matrix(n_out):
         np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_out", [1, 31, 32, 33, 100])
+def test_column_major_panels_are_a_view_that_multiplies_like_the_matrix(n_out):
+    rng = np.random.default_rng(n_out)
+    w = np.asfortranarray(rng.standard_normal((24, n_out), dtype=np.float32))
+    panels = layouts.ColumnMajorPanels(w)
+    assert np.shares_memory(panels.panels, w) or n_out < 32  # no copy (fewer than 32 columns are all tail)
+    assert panels.nbytes == 0 and panels.shape == w.shape
+    matrix = layouts.PlannedMatrix(w, layouts.fixed_plan("column-panels"))
+    assert list(matrix.stored) == ["column-major"] and matrix.stored["column-major"] is w  # held as it lies
+    for m in range(1, 17):
+        x = rng.standard_normal((m, 24), dtype=np.float32)
+        for product in (x @ panels, x @ matrix):
+            assert product.shape == (m, n_out) and product.dtype == np.float32
+            np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("plan", [layouts.fixed_plan("row-major"), layouts.fixed_plan("panels"),
                                   layouts.LayoutPlan(("row-major",) + ("panels",) * 15, (2, 2, 6, 6, 6, *range(6, 17)))],
                          ids=["row-major", "panels", "both, padded"])

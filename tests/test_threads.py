@@ -11,10 +11,10 @@ from engine import threads
 from engine.threads import THREADS, SplitMatrix, column_groups
 from gpt2_cases import random_params
 
-# one row split in two row-major halves, several rows in three groups of panels: more groups than the pool's
-# threads on a 2-core machine, so groups also queue
-SPLIT_PLAN = layouts.LayoutPlan(("row-major on 2 threads",) + ("panels on 3 threads",) * 15,
-                                (1, 3, *range(3, 17)))
+# one row split in two row-major halves, several rows in three groups of panels (more groups than a 2-core
+# machine has threads: the third waits for a free one) or in two of column panels
+SPLIT_PLAN = layouts.LayoutPlan(("row-major on 2 threads",) + ("panels on 3 threads",) * 7
+                                + ("column-panels on 2 threads",) * 8, (1, 3, *range(3, 17)))
 HPARAMS = dict(n_vocab=70, n_ctx=40, n_embd=64, n_head=4, n_layer=2)
 
 
@@ -29,7 +29,7 @@ def test_column_groups_cover_the_columns_in_aligned_runs():
 
 
 @pytest.mark.parametrize("layout", layouts.LAYOUTS)
-@pytest.mark.parametrize("shape", [(24, 70), (16, 4100), (8, 31)])
+@pytest.mark.parametrize("shape", [(24, 70), (16, 4100), (8, 31), (8, 64)])
 def test_split_products_give_the_matrix_product(layout, shape):
     rng = np.random.default_rng(0)
     w = rng.standard_normal(shape, dtype=np.float32)
@@ -80,7 +80,41 @@ def test_thread_counts_are_checked():
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ValueError, match="positive integer"):
             threads.Threads(bad)
-    assert threads.Threads(3).pool._max_workers == 2  # the caller's thread is the third
+    three = threads.Threads(3)
+    assert three.pool._max_workers == 2  # the caller's thread is the third
+    assert three.set(2).pool._max_workers == 1 and three.set(1).pool is None
+
+
+def test_an_error_in_a_worker_reaches_the_caller_and_the_workers_go_on():
+    count = THREADS.count
+    try:
+        THREADS.set(2)
+        split = SplitMatrix(np.ones((4, 64), np.float32), 2)
+        with pytest.raises(ValueError):
+            np.ones((2, 5), np.float32) @ split  # 5 inputs for a matrix of 4: every group fails
+        np.testing.assert_array_equal(np.ones((2, 4), np.float32) @ split, np.full((2, 64), 4, np.float32))
+    finally:
+        THREADS.set(count)
+
+
+def test_products_from_several_threads_at_once_stay_right():
+    import threading as python_threads
+
+    w = np.random.default_rng(0).standard_normal((32, 256), dtype=np.float32)
+    split, errors = SplitMatrix(w, 2), []
+
+    def work(seed):
+        x = np.random.default_rng(seed).standard_normal((3, 32), dtype=np.float32)
+        for _ in range(200):
+            if not np.allclose(x @ split, x @ w, rtol=1e-5, atol=1e-5):
+                errors.append(seed)
+
+    callers = [python_threads.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert not errors
 
 
 def tree_copy(tree):
