@@ -417,16 +417,17 @@ def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=
 
 
 MEASURED_PLANS = {}  # measured once per process for each set of weight shapes and thread count
-COPY_BUDGET = 0.25  # second layouts of matrices may take at most this share of the model's weights in memory
+COPY_BUDGET = 0.25  # second layouts of a large model's matrices may take at most this share of its weights
+LARGE_MODEL = 1 / 16  # a model whose weights take more than this share of the machine's memory is large
 
 
 def measure_plan(params):
     """This machine's ModelPlan for these weights: every role timed on its own probe (under a second for the
     bundled pair, two to three seconds for GPT-2 124M; once per process for each set of shapes and threads).
 
-    A second layout of a role's matrices (one for one row, another for several) is kept only where it pays and
-    all such copies together stay within COPY_BUDGET of the model's weights: the roles that gain the most per
-    byte first. For GPT-2 1558M that is none: a 6.2 GB model held twice would not fit many laptops."""
+    A second layout of a role's matrices (one for one row, another for several) is kept only where it pays; for a
+    large model (LARGE_MODEL) all such copies together must also stay within COPY_BUDGET of its weights, the
+    smallest first: GPT-2 1558M held twice (13 GB) would not fit many laptops, the bundled pair's 24 MB would."""
     matrices = role_matrices(params)
     shapes = tuple(w.shape for role in ROLES for w in matrices[role]) + (THREADS.count,)
     if shapes not in MEASURED_PLANS:
@@ -439,7 +440,8 @@ def measure_plan(params):
                                    native=native_layout(matrices[role][0]), second_copy=second_copy)
 
         plans = {role: plan(role) for role in ROLES}
-        budget = COPY_BUDGET * sum(role_bytes.values())
+        weights = sum(role_bytes.values())
+        budget = COPY_BUDGET * weights if weights > LARGE_MODEL * physical_memory_bytes() else weights
         copied = sorted((role for role in ROLES if len(plans[role].kept) > 1), key=lambda role: role_bytes[role])
         for role in copied:  # the smallest copies first: the most roles sped up for the memory
             if role_bytes[role] <= budget:
