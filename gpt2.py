@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-import layouts
+from engine import layouts
 
 GELU_SCALE = math.sqrt(2 / math.pi)  # a Python float on purpose, see the module docstring
 MASKED = -1e10  # added to the attention scores of positions a query may not see

@@ -7,7 +7,7 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
     python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
     python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
     python main.py --json        # one JSON object as the last line of stdout
-    python main.py --batch_size 8 --temperature 1     # eight sequences at once (batch_mode.py)
+    python main.py --batch_size 8 --temperature 1     # eight sequences at once (runs.py)
     python main.py --prompt "def add(a, b):" --prompt "class Queue:"   # a batch of two prompts
 
 Every decoder starts from the same prompt, the same seed and empty caches. Each decoder runs once
@@ -19,7 +19,7 @@ target accepted, the target's correction after a rejection, or the bonus token t
 accepts all K. Before the runs, costs.py measures what a target decode step, a draft step and the
 target's scoring of 1 to 16 tokens cost on this machine (about a second); the report sets the measured
 speedup beside what the formula expects from them, and says from which alpha speculation can pay here.
-With --batch_size B, or --prompt given several times, the decoders run over a batch (batch_mode.py).
+With --batch_size B, or --prompt given several times, the decoders run over a batch (runs.py).
 Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded where possible.
 `python main.py --help` lists the flags.
 """
@@ -39,15 +39,14 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-import backends
-import batch_mode
-import costs
-import drafts
 import sampling
 import utils
-from command_line import FLAG_HELP, fire_command, parse_arguments
+from cli import runs
+from cli.flags import FLAG_HELP, fire_command, parse_arguments
+from cli.report import coloured_text, print_report, wants_colour
 from encoder import get_encoder
-from report import coloured_text, print_report, wants_colour
+from jax_backend import backends
+from speedup import costs, drafts
 
 DECODERS = ("autoregressive", "speculative", "assisted")
 AUTO_K_MAX = 12  # --K auto considers K = 0 .. 12
@@ -71,7 +70,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     color: None colours on a terminal unless the NO_COLOR environment variable is set; True or False
     forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the number
-    of rows (B copies of a single prompt). A batch runs in batch_mode.py.
+    of rows (B copies of a single prompt). A batch runs in runs.py.
     Returns the result dict that --json prints.
     """
     decoders = parse_decoders(decoder)
@@ -141,7 +140,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
 
 
 def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, dtype, json, color, flags):
-    """The batch mode of main: B rows, one per prompt, decoded at once (batch_mode.py). -> the result dict.
+    """The batch mode of main: B rows, one per prompt, decoded at once (runs.py). -> the result dict.
 
     draft, target: (params, hparams) each; flags: what the result repeats of the command line.
     """
@@ -151,16 +150,16 @@ def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, d
                                  for params, hparams in (draft, target))
     explain_backend(backend, dtype)
     explain_blas_kernels(backend)
-    runs, stats = batch_mode.run(decoders, prompts, rows, draft_model, target_model, encoder, N, flags["K"], settings,
+    results, stats = runs.run(decoders, prompts, rows, draft_model, target_model, encoder, N, flags["K"], settings,
                                  flags["seed"], flags["repeats"])
     result = {"prompt": prompts, "batch_size": len(rows), **flags,
-              **{name: runs.get(name) for name in ("autoregressive", "speculative")}}
-    result["speedup"] = batch_mode.add_speedup(runs)
+              **{name: results.get(name) for name in ("autoregressive", "speculative")}}
+    result["speedup"] = runs.add_speedup(results)
     if json:
         print(jsonlib.dumps(result))
     else:
         colour = wants_colour(color)
-        batch_mode.print_report(result, stats, lambda tokens, origins: coloured_text(tokens, origins, encoder.decode)
+        runs.print_report(result, stats, lambda tokens, origins: coloured_text(tokens, origins, encoder.decode)
                                 if colour else encoder.decode(tokens))
     return result
 

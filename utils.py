@@ -33,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from encoder import get_encoder_from_dir
-from tf_checkpoint import CheckpointError, TFCheckpoint, replace_when_done, write_tf_checkpoint
+from engine.tf_checkpoint import CheckpointError, TFCheckpoint, replace_when_done, write_tf_checkpoint
 
 OPENAI_MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 OPENAI_BASE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/models"

@@ -10,10 +10,9 @@ import re
 import numpy as np
 import pytest
 
-import bug_zoo
 import gpt2
-import lossless
 import sampling
+from classroom import bug_zoo, lossless
 from test_exactness import HPARAMS, perturbed, random_target
 
 DISTRIBUTION_BUGS = [bug.name for bug in bug_zoo.BUGS if not bug.speed_only]

@@ -11,13 +11,12 @@ import sys
 
 import pytest
 
-import backends
-import command_line
 import main
-import report
 import utils
+from cli import flags, report
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
+from jax_backend import backends
 from test_exactness import perturbed, scaled_params
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
@@ -349,23 +348,23 @@ def test_colouring_keeps_a_character_split_between_runs_of_different_origins(mod
 def test_flags_reach_main_as_typed():
     argv = ["-p", "a, b", "--draft_model_size=355", "-n", "5", "--K", "-1", "--nocolor", "--models_dir", "42",
             "--top_p=.5", "--json"]
-    given = command_line.parse_arguments(argv)
+    given = flags.parse_arguments(argv)
     assert given == {"prompt": "a, b", "draft_model_size": "355", "n_tokens_to_generate": "5", "K": "-1",
                      "color": "false", "models_dir": "42", "top_p": ".5", "json": "true"}
-    assert command_line.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
+    assert flags.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
                                         "--K=-1", "--nocolor", "--models_dir='42'", "--top_p=.5", "--json"]
     # a text flag's value may look like a flag, unless it is one of main's; after "=" anything is a value
-    assert command_line.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
+    assert flags.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
                                                                                    "json": "false"}
-    assert command_line.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
-    assert command_line.parse_arguments(["--prompt="]) == {"prompt": ""}
+    assert flags.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
+    assert flags.parse_arguments(["--prompt="]) == {"prompt": ""}
     # --prompt given several times: the rows of a batch, in order, passed to fire as a list of texts
-    given = command_line.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
+    given = flags.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
     assert given == {"prompt": ["a, b", "42", "--x"], "K": "2"}
-    assert command_line.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
+    assert flags.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
     for bad in (["--tempreature", "1"], ["-z"], ["--no_such"], ["-t", "1"]):  # -t: temperature, top_k or top_p?
         with pytest.raises(ValueError, match="unknown flag"):
-            command_line.parse_arguments(bad)
+            flags.parse_arguments(bad)
 
 
 def test_a_text_flag_given_anything_but_text_from_python_is_refused():
@@ -378,7 +377,7 @@ def test_help_prints_every_flag_with_its_default_and_no_pager(tmp_path):
     result = run_main("--help", cwd=tmp_path, env={"PAGER": "false", "TERM": "dumb"})
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("usage: python main.py") and "INFO" not in result.stdout
-    for flag in command_line.FLAGS:
+    for flag in flags.FLAGS:
         assert f"--{flag}" in result.stdout
     assert "[autoregressive,speculative]" in result.stdout and "--color, --nocolor" in result.stdout
     assert "[models/ beside main.py]" in result.stdout and "NO_COLOR" in result.stdout
@@ -389,7 +388,7 @@ def test_the_readme_lists_every_flag():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     flag_list = readme[readme.index("Flags: "):]
     flag_list = flag_list[:flag_list.index("\n\n")]
-    assert set(command_line.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
+    assert set(flags.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
 
 
 @pytest.mark.parametrize("coretype, flags, backend, noted", [
@@ -412,7 +411,7 @@ def test_a_note_when_the_environment_pins_openblas_below_the_cpu(monkeypatch, ca
     assert noted or err == ""
 
 
-# ---- several sequences at once (batch_mode.py) ---------------------------------------------------------
+# ---- several sequences at once (runs.py) ---------------------------------------------------------
 
 
 def run_in_process(models_dir, capsys, prompt, seed, **flags):
@@ -473,7 +472,7 @@ def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir,
 def test_a_batch_on_the_jax_backend_gives_the_numpy_backends_rows(models_dir, capsys):
     """main's wiring of the batched device loops (tests/test_batched.py holds them to the NumPy batch)."""
     pytest.importorskip("jax")
-    import sampling_jax
+    from jax_backend import sampling_jax
 
     flags = dict(n_tokens_to_generate=8, temperature=0.8, top_k=40, batch_size=2, decoder="autoregressive")
     numpy_run, jax_run = (run_in_process(models_dir, capsys, ["the cat", "a"], 1, backend=backend, **flags)

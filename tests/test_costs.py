@@ -4,9 +4,9 @@ small models, and AutoK, which chooses K every loop and never changes the greedy
 import numpy as np
 import pytest
 
-import costs
 import gpt2
 import sampling
+from speedup import costs
 from test_exactness import HPARAMS, perturbed, random_target
 
 

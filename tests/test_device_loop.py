@@ -21,8 +21,7 @@ from test_exactness import DRAFT_TABLE, N_TOKENS, PROMPT, TARGET_TABLE, TableMod
     chi_square_p_value, exact_joint
 
 jax = pytest.importorskip("jax")
-import gpt2_jax  # noqa: E402
-import sampling_jax  # noqa: E402
+from jax_backend import gpt2_jax, sampling_jax  # noqa: E402
 
 LONG = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)
 

@@ -5,9 +5,9 @@ chi-square over three tokens) at temperature 1 and with top-k and top-p."""
 import numpy as np
 import pytest
 
-import drafts
 import gpt2
 import sampling
+from speedup import drafts
 from test_exactness import HPARAMS, TARGET_TABLE, TableModel, chi_square_p_value, exact_joint, random_target
 
 

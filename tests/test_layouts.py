@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpt2
-import layouts
+from engine import layouts
 from gpt2_cases import random_params
 
 ROWS = range(1, layouts.MAX_ROWS + 1)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import gpt2
-import lossless
 import sampling
+from classroom import lossless
 
 
 @functools.cache

@@ -34,7 +34,7 @@ from PIL import Image  # a dependency of matplotlib
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: find tf_checkpoint.py
-from tf_checkpoint import write_atomically  # noqa: E402
+from engine.tf_checkpoint import write_atomically  # noqa: E402
 
 NOTEBOOKS_DIR = REPO / "notebooks"
 SIZE_BUDGET_BYTES = 150_000  # per notebook, outputs included: small enough to read well on the web

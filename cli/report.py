@@ -7,8 +7,7 @@ Every number it prints is also in the result dict that --json prints; print_repo
 import os
 import sys
 
-import costs
-import drafts
+from speedup import costs, drafts
 COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m"}  # green, red, blue
 LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
 RESET = "\x1b[0m"

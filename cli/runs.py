@@ -20,8 +20,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-import backends
-import batched_sampling
+from engine import sampling_batched
+from jax_backend import backends
 
 ROW_COUNTERS = ("loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "acceptance_rate",
                 "tokens_per_target_call")
@@ -51,7 +51,7 @@ def decode_batch(name, rows, draft, target, encoder, N, K, settings, seed):
     """One decoder over the batch, from empty caches and fresh Generators: -> (its result dict, its BatchStats)."""
     draft.reset(), target.reset()
     B = len(rows)
-    stats = batched_sampling.BatchStats(B)
+    stats = sampling_batched.BatchStats(B)
     rngs = [np.random.default_rng(seed + i) for i in range(B)]
     keywords = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
     decoders = backends.batched_decoders(target)
