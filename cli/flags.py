@@ -1,12 +1,24 @@
-"""main.py's command line, read strictly before fire sees it: every flag takes a value (or none, for the
-booleans and --help), a text flag's value may start with "-", and there are no positional arguments.
+"""main.py's command line, read strictly before fire sees it, and its flags checked before any model is loaded.
 
-Fire alone would read a flag given no value as True (`--prompt` alone ran with the prompt "True"), stray
-words as positional arguments, and a text such as '42' or 'a, b' as a number or a tuple. `parse_arguments`
-refuses the first two with a clear error, and `fire_command` quotes text so that fire keeps it as typed.
---prompt may be given several times (a batch of prompts, main.py's batch mode); any other flag keeps its
-last value, as fire and argparse do.
+Every flag takes a value (or none, for the booleans and --help), a text flag's value may start with "-", and
+there are no positional arguments. Fire alone would read a flag given no value as True (`--prompt` alone ran
+with the prompt "True"), stray words as positional arguments, and a text such as '42' or 'a, b' as a number
+or a tuple. `parse_arguments` refuses the first two with a clear error, and `fire_command` quotes text so
+that fire keeps it as typed. --prompt may be given several times (a batch of prompts); any other flag keeps
+its last value, as fire and argparse do. The checks below then refuse bad values, a context too short or
+two vocabularies that differ with `ValueError`, which main.py prints as `error: ...` with exit status 2.
 """
+
+import inspect
+import os
+
+import sampling
+import utils
+from encoder import get_encoder
+from jax_backend import backends
+from speedup import drafts
+
+DECODERS = ("autoregressive", "speculative", "assisted")
 
 # every flag of main(), with what its value looks like and what it does (--help prints these)
 FLAG_HELP = {
@@ -119,3 +131,104 @@ def fire_command(given):
         else:
             command.append(f"--{name}={value}")
     return command
+
+
+# ---- checks, before anything is loaded --------------------------------------------------------------
+
+
+def parse_decoders(decoder):
+    names = decoder.split(",") if isinstance(decoder, str) else list(decoder)  # a list from Python callers
+    names = [str(name).strip() for name in names if str(name).strip()]
+    unknown = [name for name in names if name not in DECODERS]
+    if unknown or not names:
+        raise ValueError(f"unknown decoder {', '.join(unknown) or repr(decoder)}: choose from {', '.join(DECODERS)}")
+    return names
+
+
+def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtype):
+    if backend not in backends.BACKENDS:
+        raise ValueError(f"unknown --backend {backend!r}: choose one of {', '.join(backends.BACKENDS)}")
+    if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and backend != "jax"):
+        raise ValueError(f"--dtype must be float32, or bfloat16 with --backend jax; got {dtype!r}")
+    if not sampling.is_integer(n_tokens) or n_tokens < 1:
+        raise ValueError(f"--n_tokens_to_generate must be an integer >= 1, got {n_tokens!r}")
+    if K != "auto" and (not sampling.is_integer(K) or K < 1):
+        raise ValueError(f"--K must be an integer >= 1, or auto, got {K!r}")
+    if not sampling.is_integer(seed) or seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
+    if not sampling.is_integer(repeats) or repeats < 1:
+        raise ValueError(f"--repeats must be an integer >= 1, got {repeats!r}")
+    if "assisted" in decoders and sampling.is_real(temperature) and temperature != 0:
+        raise ValueError(f"the assisted decoder is greedy: it needs --temperature 0, got {temperature!r}")
+
+
+def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
+    """How many rows to decode: --batch_size, or one per --prompt; a batch's flags checked before any loading."""
+    if batch_size is not None and (not sampling.is_integer(batch_size) or batch_size < 1):
+        raise ValueError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
+    if not prompts:
+        raise ValueError("--prompt must be a text (or several), got an empty list")
+    B = len(prompts) if batch_size is None else batch_size
+    if len(prompts) > 1 and B != len(prompts):
+        raise ValueError(f"--batch_size {batch_size} disagrees with the {len(prompts)} prompts given: give one prompt "
+                         "for B copies of it, or one --prompt per row")
+    if B > 1:
+        if "assisted" in decoders:
+            raise ValueError("the assisted decoder has no batched form: a batch decodes with autoregressive and "
+                             "speculative (--decoder autoregressive,speculative)")
+        if K == "auto" or draft_model_size == drafts.PROMPT_LOOKUP:
+            raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto or prompt-lookup)")
+    return B
+
+
+def check_strings(models_dir, **texts):
+    """The text flags must be text (a flag given no value reaches main as True); models_dir may be a path."""
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            raise ValueError(f"--{name} must be text, got {value!r}")
+    if models_dir is not None and (not isinstance(models_dir, (str, os.PathLike)) or os.fspath(models_dir) == ""):
+        raise ValueError(f"--models_dir must be a folder's path, got {models_dir!r}")
+
+
+def check_same_vocabulary(encoder, target_encoder, draft_hparams, target_hparams):
+    if draft_hparams["n_vocab"] != target_hparams["n_vocab"] or encoder.encoder != target_encoder.encoder:
+        raise ValueError(f"the draft and the target have different vocabularies ({draft_hparams['n_vocab']} and "
+                         f"{target_hparams['n_vocab']} tokens): speculative sampling compares their distributions "
+                         "token by token")
+
+
+def encode_prompt(encoder, prompt):
+    """The prompt's token ids; an empty prompt starts from <|endoftext|>, as GPT-2 does."""
+    if prompt:
+        return encoder.encode(prompt)
+    if encoder.eot_token is None:
+        raise ValueError("an empty prompt starts from <|endoftext|>, which this vocabulary lacks")
+    return [encoder.eot_token]
+
+
+def check_context(n_prompt, n_tokens, *all_hparams):  # the final sequence must fit in every model's context
+    n_ctx = min(hparams["n_ctx"] for hparams in all_hparams)
+    if n_prompt + n_tokens > n_ctx:
+        raise ValueError(f"the prompt's {n_prompt} tokens + {n_tokens} new ones exceed the models' context of "
+                         f"{n_ctx} tokens: shorten the prompt or --n_tokens_to_generate")
+
+
+def check_context_early(prompt, n_tokens, model_size, models_dir):
+    """check_context from a model folder's small files, before its checkpoint is loaded or downloaded."""
+    model_dir = utils.model_directory(model_size, models_dir)  # raises on a bad name
+    paths = [os.path.join(model_dir, name) for name in ("hparams.json", "encoder.json", "vocab.bpe")]
+    if all(os.path.isfile(path) for path in paths):  # otherwise the check after loading will do
+        encoder = get_encoder(paths[1], paths[2])
+        check_context(len(encode_prompt(encoder, prompt)), n_tokens, utils.load_hparams(paths[0]))
+
+
+def usage(main, examples):
+    """What --help prints: main.py's examples, then every flag of main() with its default."""
+    defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
+    described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
+                          "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt"}
+    lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
+    for name, (metavar, description) in FLAG_HELP.items():
+        syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"
+        lines.append(f"  {syntax:<28} {description} [{described_defaults.get(name, defaults[name])}]")
+    return "\n".join(lines)

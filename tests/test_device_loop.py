@@ -190,8 +190,8 @@ def test_main_with_the_jax_backend_prints_the_numpy_backends_statistics(capsys):
     for name in ("autoregressive", "speculative"):
         numpy_run, jax_run = results["numpy"][name], results["jax"][name]
         assert set(jax_run) == set(numpy_run)  # the same JSON keys
-        for key in ("tokens", "text", "target_calls", "loops", "draft_calls", "drafted", "accepted", "rejected",
-                    "acceptance_rate", "tokens_per_target_call"):
+        for key in ("tokens", "new_tokens", "text", "target_calls", "loops", "draft_calls", "drafted", "accepted",
+                    "rejected", "acceptance_rate", "tokens_per_target_call"):
             assert jax_run.get(key) == numpy_run.get(key), (name, key)
     statistics_lines = lambda lines: [line for line in lines if line.startswith("  ") and  # not the texts' indented lines
                                       ("drafted:" in line or "acceptance rate" in line or "tokens:" in line)]
