@@ -106,7 +106,7 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
         stats.loops += 1
         # for t = 1 : K, sample draft x~_t ~ p(x | x_1..x_n, x~_1..x~_{t-1}) auto-regressively
         drafts, p = draw_drafts(draft_model, x, K_n, settings, rng, stats)
-        K_n = len(drafts)  # a draft that is not a model may propose fewer (drafts.py); none makes a plain step
+        K_n = len(drafts)  # a draft that is not a model may propose fewer (speedup/drafts.py); none makes a plain step
         stats.drafted += K_n
         x_draft = np.append(x, drafts)
         # in parallel, the K + 1 distributions q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K): one call

@@ -11,7 +11,7 @@ in a straight line beyond the measured 16 tokens).
 Temperature 1 is replayed with independent acceptances, alpha drawn around --alpha_t1 for each prompt.
 
 The replay runs in seconds, where a real measurement of one setting takes a minute and moves by 5-10% from
-run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. costs.py's AutoK settings
+run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. speedup/costs.py's AutoK settings
 (PRIOR_*, MEMORY, OPTIMISM, WORTH_DRAFTING) were chosen with it; bench/pair.py --K ...,auto then measures
 the chosen ones for real.
 

@@ -15,7 +15,7 @@ well the formula predicts. `expected_speedup_one_step` is the same with v = 1, t
 
     python bench/pair.py                                   # K = 1..12 and auto, held-out text from build/
     python bench/pair.py --temperature 1 --K 4,auto        # alpha when sampling
-    python bench/pair.py --draft prompt-lookup --K 2,4,8   # drafts copied from the text (drafts.py)
+    python bench/pair.py --draft prompt-lookup --K 2,4,8   # drafts copied from the text (speedup/drafts.py)
     python bench/pair.py --heldout tests/fixtures/heldout_sample.txt --n_prompts 8
 
 Prints one JSON line per K as it goes, then one JSON object as its last line.

@@ -61,7 +61,7 @@ def make_batched_model(params, hparams, batch_size, backend="numpy", dtype="floa
 
 
 def batched_decoders(target):
-    """batched_sampling (NumPy), or for a JAX target sampling_jax's batched device loops, under the same names:
+    """sampling_batched (NumPy), or for a JAX target sampling_jax's batched device loops, under the same names:
     autoregressive_sampling and speculative_sampling over a list of rows, row i as it would decode alone."""
     if hasattr(target, "device_forward"):
         from jax_backend import sampling_jax

@@ -1,5 +1,5 @@
-"""gpt2_batched.py and sampling_batched.py (and sampling_jax's batched loops): several sequences at once, each row
-decoded exactly as it would be alone.
+"""engine/gpt2_batched.py and sampling_batched.py (and sampling_jax's batched loops): several sequences at once,
+each row decoded exactly as it would be alone.
 
 - The batched model's logits equal gpt2.py's for every row, whatever each row's length, after feeding in
   steps and rolling rows back; its cache is allocated once and a rollback is a length change.

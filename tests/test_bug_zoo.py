@@ -1,4 +1,4 @@
-"""bug_zoo.py: every bug applies to today's reference, and lossless.py catches every one of them.
+"""classroom/bug_zoo.py: every bug applies to today's reference, and lossless.py catches every one of them.
 
 The reference passing the same checks is tests/test_lossless.py's first test. Each verdict here is one
 check_lossless run at its default sample size and seed, stopped at the first test that fails the bug.

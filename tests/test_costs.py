@@ -1,4 +1,4 @@
-"""costs.py: the formula at measured costs, the best K and the break-even alpha, the measurement itself on
+"""speedup/costs.py: the formula at measured costs, the best K and the break-even alpha, the measurement itself on
 small models, and AutoK, which chooses K every loop and never changes the greedy tokens."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""sampling_jax.py, the decoders whose whole loop runs on the device, held to sampling.py's results.
+"""jax_backend/sampling_jax.py, the decoders whose whole loop runs on the device, held to sampling.py's results.
 
 - The same tokens and statistics as the host's decoders (NumPy models) for the same seed: greedy, at
   temperature 1 and with top-k and top-p, for several K, up to the end of the context.

@@ -1,4 +1,4 @@
-"""drafts.py: prompt lookup proposes what followed the latest match of the text's ending, and speculative
+"""speedup/drafts.py: prompt lookup proposes what followed the latest match of the text's ending, and speculative
 sampling with it stays exact: the autoregressive tokens at temperature 0, the target's distribution (joint
 chi-square over three tokens) at temperature 1 and with top-k and top-p."""
 

@@ -1,4 +1,4 @@
-"""Notebook 9's automatic checks (notebooks/exercise_checks.py): the solutions pass every one, and typical
+"""Notebook 9's automatic checks (classroom/exercise_checks.py): the solutions pass every one, and typical
 wrong answers get a hint instead."""
 
 import sys

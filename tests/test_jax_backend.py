@@ -1,4 +1,4 @@
-"""gpt2_jax.py and backends.py: the JAX backend against the NumPy one, on JAX's CPU.
+"""jax_backend/gpt2_jax.py and backends.py: the JAX backend against the NumPy one, on JAX's CPU.
 
 The reference is gpt2.py run by NumPy (itself checked against transformers in test_gpt2.py). The tiny
 random models have gains and biases moved away from 1 and 0 and weights ten times GPT-2's scale, so that

@@ -1,4 +1,4 @@
-"""layouts.py: column panels and planned matrices multiply like the matrix; a plan follows the measured costs
+"""engine/layouts.py: column panels and planned matrices multiply like the matrix; a plan follows the measured costs
 (one layout, both where each gains enough and memory allows, padding where more rows cost less); the
 measurement gives a valid plan for a model's own weights, once per process; a fixed layout repeats a run
 bit for bit."""
