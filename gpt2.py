@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-import layouts
+from engine import layouts
 
 GELU_SCALE = math.sqrt(2 / math.pi)  # a Python float on purpose, see the module docstring
 MASKED = -1e10  # added to the attention scores of positions a query may not see
@@ -141,7 +141,7 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembeddin
     Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
     (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
     written into it; NumPy updates the buffers in place, JAX reads the updated list from gpt2_with_cache.
-    `unembedding`, optional, is wte.T in another layout (layouts.py): the same numbers, read faster.
+    `unembedding`, optional, is wte.T in another layout (engine/layouts.py): the same numbers, read faster.
     """
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
     logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding)
@@ -225,7 +225,7 @@ def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume 
 
     That is the whole rollback: what the cache holds past that prefix (a rejected draft's keys and values)
     is overwritten by what is fed, and keys past the last position fed are never attended. The last n_last
-    positions are fed even when cached: their logits are wanted. (bug_zoo.py patches this decision.)
+    positions are fed even when cached: their logits are wanted. (classroom/bug_zoo.py patches this decision.)
     """
     start = min(common_prefix_length(cached_tokens, x), len(x) - n_last)
     return start, x[start:]
@@ -260,7 +260,7 @@ class GPT2Model:
     disappear the next time the model is called with the corrected sequence. Without a cache it
     recomputes the whole sequence, as jaymody/speculative-sampling does.
 
-    `layout` says how the weights are stored for the products (layouts.py): "auto" (the default) times three
+    `layout` says how the weights are stored for the products (engine/layouts.py): "auto" (the default) times three
     layouts of each role's matrices on this machine (row-major, column-major, column panels), for one row (a
     decode step) and for the few rows a verification scores, and keeps what is faster, two layouts where that
     pays; "plain" keeps the checkpoint's arrays as they are, the reference path; "panels" column panels for
@@ -269,7 +269,7 @@ class GPT2Model:
 
     def __init__(self, params, hparams, use_cache=True, layout="auto", in_place=False):
         self.hparams, self.use_cache = hparams, use_cache
-        self.params, self.unembedding = fast_layout(params, layout, in_place)  # the same numbers, laid out once (layouts.py)
+        self.params, self.unembedding = fast_layout(params, layout, in_place)  # laid out once (engine/layouts.py)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 

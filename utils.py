@@ -8,7 +8,7 @@ reference's entry point. `model_size` names a folder under models_dir holding ei
 - a Hugging Face GPT-2: model.safetensors and config.json, with encoder.json and vocab.bpe beside them.
 
 OpenAI's four sizes (124M, 355M, 774M, 1558M) are downloaded from OPENAI_BASE_URL when missing.
-Checkpoints are read without TensorFlow or torch (tf_checkpoint.py, and the safetensors reader
+Checkpoints are read without TensorFlow or torch (engine/tf_checkpoint.py, and the safetensors reader
 below); `params` nests like the checkpoint (gpt2.py's layout), float32, conv1d weights 2-D.
 
 Errors, all with a message fit to show a user as it is (the CLI prints it and exits):
@@ -33,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from encoder import get_encoder_from_dir
-from tf_checkpoint import CheckpointError, TFCheckpoint, replace_when_done, write_tf_checkpoint
+from engine.tf_checkpoint import CheckpointError, TFCheckpoint, replace_when_done, write_tf_checkpoint
 
 OPENAI_MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 OPENAI_BASE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/models"

@@ -11,7 +11,7 @@ in a straight line beyond the measured 16 tokens).
 Temperature 1 is replayed with independent acceptances, alpha drawn around --alpha_t1 for each prompt.
 
 The replay runs in seconds, where a real measurement of one setting takes a minute and moves by 5-10% from
-run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. costs.py's AutoK settings
+run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. speedup/costs.py's AutoK settings
 (PRIOR_*, MEMORY, OPTIMISM, WORTH_DRAFTING) were chosen with it; bench/pair.py --K ...,auto then measures
 the chosen ones for real.
 
@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import costs  # noqa: E402
 import gpt2  # noqa: E402
 import sampling  # noqa: E402
 import utils  # noqa: E402
 from bench.pair import held_out_tokens  # noqa: E402
+from speedup import costs  # noqa: E402
 
 FIXED_K = (1, 2, 3, 4, 6, 8)
 SETTINGS = {"memory": (0.96, 0.97, 0.98), "optimism": (0.25, 0.5, 0.75), "prior": ((0.8, 0.2), (1.4, 0.6)),

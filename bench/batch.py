@@ -12,7 +12,7 @@ shrinks as B grows and turns into a slowdown (as serving systems report; noteboo
     python bench/batch.py --backend jax --small    # the same on tiny shapes: a smoke run on any device
 
 numpy (the default): row i of a batch continues window i of held-out text (--heldout, --prompt_tokens),
-with Generator seed i; each B has its own batched models (batched.BatchedGPT2Model). After one untimed
+with Generator seed i; each B has its own batched models (gpt2_batched.BatchedGPT2Model). After one untimed
 run of each decoder at each B, --repeats rounds run every B's autoregressive and speculative decodes
 back to back, so a drift in the machine's speed touches every B alike. Tokens per second: B x
 --n_tokens / seconds, the median over repeats with its range; the speedup: the median of the paired
@@ -46,12 +46,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import batched  # noqa: E402
-import batched_sampling  # noqa: E402
 import gpt2  # noqa: E402
 import sampling  # noqa: E402
 import utils  # noqa: E402
 from bench.machine import blas_info, cpu_model  # noqa: E402
+from engine import gpt2_batched, sampling_batched  # noqa: E402
 
 ACCEPTANCE_RATES = (0.6, 0.8)  # where the jax backend's random pair gives no alpha of its own
 # --small: one and two layers, which compile in seconds on a CPU (bench/gpu.py's small shapes take a minute here)
@@ -120,23 +119,23 @@ def numpy_run(args):
     encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     _, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     prompts = prompt_windows(encoder, args.heldout, max(args.batch_sizes), args.prompt_tokens)
-    models = {B: (TimedModel(batched.BatchedGPT2Model(draft_params, draft_hparams, B)),
-                  TimedModel(batched.BatchedGPT2Model(target_params, target_hparams, B))) for B in args.batch_sizes}
+    models = {B: (TimedModel(gpt2_batched.BatchedGPT2Model(draft_params, draft_hparams, B)),
+                  TimedModel(gpt2_batched.BatchedGPT2Model(target_params, target_hparams, B))) for B in args.batch_sizes}
     settings = {"temperature": args.temperature}
 
     def autoregressive(B):  # -> (seconds, rows, target step seconds)
         draft, target = models[B]
         target.start_run()
         start = time.perf_counter()
-        rows = batched_sampling.autoregressive_sampling(prompts[:B], target, args.n_tokens, rngs=range(B), **settings)
+        rows = sampling_batched.autoregressive_sampling(prompts[:B], target, args.n_tokens, rngs=range(B), **settings)
         return time.perf_counter() - start, rows, target.median_call()
 
     def speculative(B):  # -> (seconds, rows, stats, draft step seconds, verification seconds)
         draft, target = models[B]
         draft.start_run(), target.start_run()
-        stats = batched_sampling.BatchStats(B)
+        stats = sampling_batched.BatchStats(B)
         start = time.perf_counter()
-        rows = batched_sampling.speculative_sampling(prompts[:B], draft, target, args.n_tokens, args.K, rngs=range(B),
+        rows = sampling_batched.speculative_sampling(prompts[:B], draft, target, args.n_tokens, args.K, rngs=range(B),
                                                      stats=stats, **settings)
         return time.perf_counter() - start, rows, stats, draft.median_call(), target.median_call()
 
@@ -176,8 +175,7 @@ def numpy_report(B, runs, args):
 
 
 def jax_run(args):
-    import gpt2_jax
-    import sampling_jax
+    from jax_backend import gpt2_jax, sampling_jax
     from bench import gpu
 
     shapes = SMALL_SHAPES if args.small else gpu.SHAPES
@@ -197,7 +195,7 @@ def jax_run(args):
         return time.perf_counter() - start
 
     def speculative(B):
-        stats = batched_sampling.BatchStats(B)
+        stats = sampling_batched.BatchStats(B)
         start = time.perf_counter()
         sampling_jax.batched_speculative_sampling(prompts[:B], draft, target, args.n_tokens, args.K, rngs=range(B),
                                                   stats=stats, **settings)

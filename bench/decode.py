@@ -2,7 +2,7 @@
 scoring several new tokens at once costs (speculative sampling's verification).
 
 GPT-2 124M-shaped random weights (gpt2.init_params), float32, batch 1, on this machine's CPU, in the layout
-GPT2Model measures and chooses here (layouts.py; the plan is in the JSON), beside the plain and column-panel
+GPT2Model measures and chooses here (engine/layouts.py; the plan is in the JSON), beside the plain and column-panel
 layouts for the cost of scoring several tokens. A decode step
 has to read every weight once, so its floor is weights_bytes / read bandwidth, where the bandwidth is the
 fastest a single-row product (x[1, k] @ W[k, n], the operation a decode step is made of) reads a weight
@@ -36,9 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
-import layouts  # noqa: E402
 import utils  # noqa: E402
 from bench.machine import blas_info, cpu_flags, cpu_model  # noqa: E402
+from engine import layouts  # noqa: E402
 
 HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 
@@ -65,7 +65,7 @@ def parse_args():
 class ReadBandwidth:
     """Weight bytes per second of x[1, k] @ W[k, n] in float32 (268 MB for 8192 x 8192): what a decode step does.
 
-    Every layout of layouts.py is timed (row-major, column-major, column panels); the fastest is the roofline's
+    Every layout of engine/layouts.py is timed (row-major, column-major, column panels); the fastest is the roofline's
     bandwidth, so that a layout cannot look closer to the roofline by reading slowly.
     """
 

@@ -46,9 +46,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2_jax  # noqa: E402
 import sampling  # noqa: E402
-import sampling_jax  # noqa: E402
+from jax_backend import gpt2_jax, sampling_jax  # noqa: E402
 
 SHAPES = {"124M": dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
           "1558M": dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48)}

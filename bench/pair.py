@@ -15,7 +15,7 @@ well the formula predicts. `expected_speedup_one_step` is the same with v = 1, t
 
     python bench/pair.py                                   # K = 1..12 and auto, held-out text from build/
     python bench/pair.py --temperature 1 --K 4,auto        # alpha when sampling
-    python bench/pair.py --draft prompt-lookup --K 2,4,8   # drafts copied from the text (drafts.py)
+    python bench/pair.py --draft prompt-lookup --K 2,4,8   # drafts copied from the text (speedup/drafts.py)
     python bench/pair.py --heldout tests/fixtures/heldout_sample.txt --n_prompts 8
 
 Prints one JSON line per K as it goes, then one JSON object as its last line.
@@ -37,13 +37,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import costs  # noqa: E402
-import drafts  # noqa: E402
 import gpt2  # noqa: E402
-import layouts  # noqa: E402
 import sampling  # noqa: E402
 import utils  # noqa: E402
 from bench.machine import blas_info, cpu_model  # noqa: E402
+from engine import layouts  # noqa: E402
+from speedup import costs, drafts  # noqa: E402
 
 AUTO_K_MAX = 12
 

@@ -20,7 +20,7 @@ Every speculative run must reproduce the autoregressive tokens exactly (greedy),
 The expected speedup is Leviathan et al.'s formula, sampling.expected_speedup(a, c, K, v), with a the
 run's acceptance rate, c its mean draft call over an autoregressive decode step, and v = verify_cost, what a
 target call scoring K + 1 tokens costs in decode steps (1 in the paper's model, expected_speedup_one_step;
-1.2-3 on the CPUs we measured, depending on the CPU, its BLAS kernels and the weight layout, layouts.py).
+1.2-3 on the CPUs we measured, depending on the CPU, its BLAS kernels and the weight layout, engine/layouts.py).
 Prints one JSON object as its last line.
 """
 
@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import backends  # noqa: E402
 import gpt2  # noqa: E402
 import sampling  # noqa: E402
+from jax_backend import backends  # noqa: E402
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 

@@ -1,5 +1,5 @@
-"""batched.py and batched_sampling.py (and sampling_jax's batched loops): several sequences at once, each row
-decoded exactly as it would be alone.
+"""engine/gpt2_batched.py and sampling_batched.py (and sampling_jax's batched loops): several sequences at once,
+each row decoded exactly as it would be alone.
 
 - The batched model's logits equal gpt2.py's for every row, whatever each row's length, after feeding in
   steps and rolling rows back; its cache is allocated once and a rollback is a length change.
@@ -18,10 +18,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import batched
-import batched_sampling
 import gpt2
 import sampling
+from engine import gpt2_batched, sampling_batched
 from gpt2_cases import random_params
 from test_exactness import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, assert_follows, chi_square_p_value, \
     exact_joint, perturbed, random_target
@@ -54,7 +53,7 @@ def test_each_rows_logits_equal_gpt2s_at_its_own_length_and_after_rollbacks(layo
     hparams = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)
     params = random_params(hparams, seed=10)
     tokens = np.random.default_rng(11).integers(0, hparams["n_vocab"], size=(4, hparams["n_ctx"]))
-    model = batched.BatchedGPT2Model(params, hparams, batch_size=4, layout=layout)
+    model = gpt2_batched.BatchedGPT2Model(params, hparams, batch_size=4, layout=layout)
     reference = lambda x: gpt2.gpt2(x, **params, n_head=hparams["n_head"])
 
     def check(rows, lengths, n_last):
@@ -81,14 +80,14 @@ def test_the_cache_is_allocated_once_and_a_rollback_is_a_length_change(pair):
     draft_params, target_params = pair
     hparams = {**HPARAMS, "n_ctx": 1024}  # a cache (4 MB) much larger than what a decode of 30 tokens needs
     params = {**target_params, "wpe": np.resize(target_params["wpe"], (1024, HPARAMS["n_embd"]))}
-    draft = batched.BatchedGPT2Model({**draft_params, "wpe": params["wpe"]}, hparams, 4)
-    target = batched.BatchedGPT2Model(params, hparams, 4)
+    draft = gpt2_batched.BatchedGPT2Model({**draft_params, "wpe": params["wpe"]}, hparams, 4)
+    target = gpt2_batched.BatchedGPT2Model(params, hparams, 4)
     buffers = [buffer for layer in target.cache + draft.cache for buffer in layer]
     addresses = [buffer.__array_interface__["data"][0] for buffer in buffers]
     cache_bytes = sum(buffer.nbytes for buffer in buffers)
 
     tracemalloc.start()
-    batched_sampling.speculative_sampling(PROMPTS[:4], draft, target, 30, 4, rngs=[0, 1, 2, 3])
+    sampling_batched.speculative_sampling(PROMPTS[:4], draft, target, 30, 4, rngs=[0, 1, 2, 3])
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < cache_bytes / 8, f"{peak} bytes allocated while decoding, against a cache of {cache_bytes}"
@@ -103,10 +102,10 @@ def test_the_cache_is_allocated_once_and_a_rollback_is_a_length_change(pair):
 
 
 def test_bad_input_gets_a_clear_error(pair):
-    model = batched.BatchedGPT2Model(pair[1], HPARAMS, batch_size=2)
+    model = gpt2_batched.BatchedGPT2Model(pair[1], HPARAMS, batch_size=2)
     for batch_size in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="batch_size"):
-            batched.BatchedGPT2Model(pair[1], HPARAMS, batch_size=batch_size)
+            gpt2_batched.BatchedGPT2Model(pair[1], HPARAMS, batch_size=batch_size)
     with pytest.raises(ValueError, match="rows"):
         model.logits([[1, 2], [3]], rows=[1, 1])
     with pytest.raises(ValueError, match="rows"):
@@ -117,21 +116,21 @@ def test_bad_input_gets_a_clear_error(pair):
         model.logits([np.zeros(HPARAMS["n_ctx"] + 1, int)])
     with pytest.raises(ValueError, match="token ids"):
         model.logits([[1, HPARAMS["n_vocab"]]])
-    draft, target = (batched.BatchedGPT2Model(params, HPARAMS, 3) for params in pair)
+    draft, target = (gpt2_batched.BatchedGPT2Model(params, HPARAMS, 3) for params in pair)
     shared = np.random.default_rng(0)
     with pytest.raises(ValueError, match="its own Generator"):
-        batched_sampling.speculative_sampling(PROMPTS[:2], draft, target, 5, 2, rngs=[shared, shared])
+        sampling_batched.speculative_sampling(PROMPTS[:2], draft, target, 5, 2, rngs=[shared, shared])
     for one_for_all in (shared, 7):
         with pytest.raises(ValueError, match="one Generator or seed per row"):
-            batched_sampling.autoregressive_sampling(PROMPTS[:2], target, 5, rngs=one_for_all)
+            sampling_batched.autoregressive_sampling(PROMPTS[:2], target, 5, rngs=one_for_all)
     with pytest.raises(ValueError, match="one N and one Generator"):
-        batched_sampling.autoregressive_sampling(PROMPTS[:3], target, [5, 6], rngs=[0, 1, 2])
+        sampling_batched.autoregressive_sampling(PROMPTS[:3], target, [5, 6], rngs=[0, 1, 2])
     with pytest.raises(ValueError, match="exceed the model's batch"):
-        batched_sampling.autoregressive_sampling(PROMPTS[:4], target, 5, rngs=[0, 1, 2, 3])
+        sampling_batched.autoregressive_sampling(PROMPTS[:4], target, 5, rngs=[0, 1, 2, 3])
     with pytest.raises(ValueError, match="one per row"):
-        batched_sampling.autoregressive_sampling([1, 2, 3], target, 5, rngs=[0, 1, 2])
+        sampling_batched.autoregressive_sampling([1, 2, 3], target, 5, rngs=[0, 1, 2])
     with pytest.raises(ValueError, match="context"):
-        batched_sampling.autoregressive_sampling(PROMPTS[:2], target, [5, HPARAMS["n_ctx"]], rngs=[0, 1])
+        sampling_batched.autoregressive_sampling(PROMPTS[:2], target, [5, HPARAMS["n_ctx"]], rngs=[0, 1])
 
 
 # ------------------------------------------------------------------ row i equals the batch-1 decoder
@@ -161,13 +160,13 @@ def assert_rows_equal(batch, batch_stats, runs):
 def test_row_i_is_the_batch_one_run_with_row_is_generator(pair, B, settings):
     draft_params, target_params = pair
     single = [gpt2.GPT2Model(params, HPARAMS) for params in pair]
-    draft, target = (batched.BatchedGPT2Model(params, HPARAMS, B) for params in pair)
+    draft, target = (gpt2_batched.BatchedGPT2Model(params, HPARAMS, B) for params in pair)
     for decoder, models, K in (("autoregressive_sampling", [target], 0), ("speculative_sampling", [draft, target], 3)):
         runs = batch_one_runs(decoder, single[2 - len(models):], B, K, settings, seed=B)
         rngs = [np.random.default_rng([B, i]) for i in range(B)]
-        stats = batched_sampling.BatchStats(B)
+        stats = sampling_batched.BatchStats(B)
         extra = {"K": K} if K else {}
-        batch = getattr(batched_sampling, decoder)(PROMPTS[:B], *models, N_ROWS[:B], rngs=rngs, **extra, **settings,
+        batch = getattr(sampling_batched, decoder)(PROMPTS[:B], *models, N_ROWS[:B], rngs=rngs, **extra, **settings,
                                                    stats=stats)
         assert_rows_equal(batch, stats, runs)
         # every row consumed its Generator exactly as the batch-1 run did
@@ -179,14 +178,14 @@ def test_row_i_is_the_batch_one_run_with_row_is_generator(pair, B, settings):
 def test_the_batchs_calls_are_counted_once_and_finished_rows_are_not_fed(pair):
     """Each row's target_calls counts the batched calls it took part in; the batch's, the calls made."""
     B = 8
-    draft, target = (batched.BatchedGPT2Model(params, HPARAMS, B) for params in pair)
+    draft, target = (gpt2_batched.BatchedGPT2Model(params, HPARAMS, B) for params in pair)
     fed = {"draft": [], "target": []}
     for role, model in (("draft", draft), ("target", target)):
         logits = model.logits
         model.logits = lambda xs, n_last=1, rows=None, role=role, logits=logits: (fed[role].append(list(rows)),
                                                                                   logits(xs, n_last, rows))[1]
-    stats = batched_sampling.BatchStats(B)
-    out = batched_sampling.speculative_sampling(PROMPTS, draft, target, N_ROWS, 4, rngs=range(B), stats=stats,
+    stats = sampling_batched.BatchStats(B)
+    out = sampling_batched.speculative_sampling(PROMPTS, draft, target, N_ROWS, 4, rngs=range(B), stats=stats,
                                                 temperature=0)
     assert [len(row) - len(prompt) for row, prompt in zip(out, PROMPTS)] == N_ROWS
     assert stats.target_calls == stats.loops == len(fed["target"]) == max(row.loops for row in stats.rows)
@@ -229,7 +228,7 @@ def table_counts(n_batches=N_BATCHES, **settings):
     counts = np.zeros((B, 4**N_TOKENS), dtype=np.int64)
     for run in range(n_batches):
         rngs = [np.random.default_rng([run, i]) for i in range(B)]
-        out = batched_sampling.speculative_sampling(TABLE_PROMPTS, draft, target, TABLE_N, 2, rngs, **settings)
+        out = sampling_batched.speculative_sampling(TABLE_PROMPTS, draft, target, TABLE_N, 2, rngs, **settings)
         for i, row in enumerate(out):
             counts[i, np.ravel_multi_index(tuple(row[len(TABLE_PROMPTS[i]):][:N_TOKENS]), (4,) * N_TOKENS)] += 1
     return counts
@@ -248,7 +247,7 @@ def test_each_row_follows_the_target(settings):
 def cut_at_the_batchs_first_rejection(rows, drafts, p, q, rngs):
     """A wrong batched rule: every row keeps only as many drafts as the row that accepted fewest, then
     draws its next token from q there, as if one rejection rejected every row's drafts."""
-    judged = [batched_sampling.judge(drafts[i], p[i], q[i], rngs[i]) for i in rows]
+    judged = [sampling_batched.judge(drafts[i], p[i], q[i], rngs[i]) for i in rows]
     fewest = min(accepted for _, accepted in judged)
     return [(tokens, accepted) if accepted == fewest else
             ([*drafts[i][:fewest], sampling.sample(q[i][fewest], rngs[i])], fewest)
@@ -256,7 +255,7 @@ def cut_at_the_batchs_first_rejection(rows, drafts, p, q, rngs):
 
 
 def test_a_rule_that_lets_one_rows_rejection_cut_anothers_drafts_is_caught(monkeypatch):
-    monkeypatch.setattr(batched_sampling, "judge_rows", cut_at_the_batchs_first_rejection)
+    monkeypatch.setattr(sampling_batched, "judge_rows", cut_at_the_batchs_first_rejection)
     p_values = []
     for counts, joint in zip(table_counts(n_batches=1_000), exact_joints()):
         assert counts[joint == 0].sum() == 0  # the wrong rule still only samples possible tokens...
@@ -270,7 +269,7 @@ def test_a_rule_that_lets_one_rows_rejection_cut_anothers_drafts_is_caught(monke
 @pytest.fixture(scope="module")
 def jax_pair(pair):
     pytest.importorskip("jax")
-    import gpt2_jax
+    from jax_backend import gpt2_jax
 
     return [gpt2_jax.JaxGPT2Model(params, HPARAMS) for params in pair]
 
@@ -278,17 +277,17 @@ def jax_pair(pair):
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("settings", SETTINGS.values(), ids=SETTINGS.keys())
 def test_the_device_loops_give_the_numpy_batchs_rows(pair, jax_pair, B, settings):
-    import sampling_jax
+    from jax_backend import sampling_jax
 
-    draft, target = (batched.BatchedGPT2Model(params, HPARAMS, B) for params in pair)
+    draft, target = (gpt2_batched.BatchedGPT2Model(params, HPARAMS, B) for params in pair)
     for decoder, numpy_models, jax_models, K in (
             ("autoregressive_sampling", [target], jax_pair[1:], 0),
             ("speculative_sampling", [draft, target], jax_pair, 3)):
         extra = {"K": K} if K else {}
         runs = []
-        for decode, models in ((getattr(batched_sampling, decoder), numpy_models),
+        for decode, models in ((getattr(sampling_batched, decoder), numpy_models),
                                (getattr(sampling_jax, f"batched_{decoder}"), jax_models)):
-            stats = batched_sampling.BatchStats(B)
+            stats = sampling_batched.BatchStats(B)
             rngs = [np.random.default_rng([B, i]) for i in range(B)]
             rows = decode(PROMPTS[:B], *models, N_ROWS[:B], rngs=rngs, **extra, **settings, stats=stats)
             runs.append((rows, stats, rngs))

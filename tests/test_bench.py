@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import costs
 import gpt2
-import layouts
+from engine import layouts
+from speedup import costs
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(n_vocab=97, n_ctx=64, n_embd=32, n_head=4, n_layer=2)

@@ -1,4 +1,4 @@
-"""bug_zoo.py: every bug applies to today's reference, and lossless.py catches every one of them.
+"""classroom/bug_zoo.py: every bug applies to today's reference, and lossless.py catches every one of them.
 
 The reference passing the same checks is tests/test_lossless.py's first test. Each verdict here is one
 check_lossless run at its default sample size and seed, stopped at the first test that fails the bug.
@@ -10,10 +10,9 @@ import re
 import numpy as np
 import pytest
 
-import bug_zoo
 import gpt2
-import lossless
 import sampling
+from classroom import bug_zoo, lossless
 from test_exactness import HPARAMS, perturbed, random_target
 
 DISTRIBUTION_BUGS = [bug.name for bug in bug_zoo.BUGS if not bug.speed_only]

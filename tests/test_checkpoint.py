@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import gpt2
-import tf_checkpoint
 import utils
 from conftest import REPO
-from tf_checkpoint import CheckpointError, TFCheckpoint, crc32c, masked_crc32c, write_tf_checkpoint
+from engine import tf_checkpoint
+from engine.tf_checkpoint import CheckpointError, TFCheckpoint, crc32c, masked_crc32c, write_tf_checkpoint
 
 FIXTURES = REPO / "tests" / "fixtures"
 TINY = {"float32": FIXTURES / "gpt2-tiny-f32", "float16": FIXTURES / "gpt2-tiny-f16"}

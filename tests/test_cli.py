@@ -11,13 +11,12 @@ import sys
 
 import pytest
 
-import backends
-import command_line
 import main
-import report
 import utils
+from cli import flags, report, runs
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
+from jax_backend import backends
 from test_exactness import perturbed, scaled_params
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
@@ -82,16 +81,17 @@ def test_json_run_on_a_tiny_pair(models_dir):
             "autoregressive", "speculative", "speedup"} <= output.keys()
     assert output["repeats"] == 3
     assert output["prompt"] == "the cat, the hat" and output["n_tokens"] == n_tokens and output["K"] == 3
-    assert set(output["autoregressive"]) >= {"tokens", "text", "seconds", "target_calls"}
-    assert set(output["speculative"]) >= {"tokens", "text", "seconds", "target_calls", "draft_calls", "drafted",
-                                          "accepted", "rejected", "acceptance_rate", "expected_speedup", "speedup",
-                                          "speedup_range", "seconds_per_run"}
+    assert set(output["autoregressive"]) >= {"tokens", "new_tokens", "text", "seconds", "target_calls"}
+    assert set(output["speculative"]) >= {"tokens", "new_tokens", "text", "seconds", "target_calls", "draft_calls",
+                                          "drafted", "accepted", "rejected", "acceptance_rate", "expected_speedup",
+                                          "speedup", "speedup_range", "seconds_per_run"}
     encoder = get_encoder_from_dir(models_dir / "target")
     for name in ["autoregressive", "speculative", "assisted"]:
-        tokens = output[name]["tokens"]
+        tokens = output[name]["new_tokens"]
         assert len(tokens) == n_tokens and all(isinstance(token, int) for token in tokens)
+        assert output[name]["tokens"] == encoder.encode("the cat, the hat") + tokens  # as a batch row's
         assert output[name]["text"] == encoder.decode(tokens)
-        assert tokens == output["autoregressive"]["tokens"]  # greedy: every decoder gives the target's tokens
+        assert tokens == output["autoregressive"]["new_tokens"]  # greedy: every decoder gives the target's tokens
     assert output["autoregressive"]["target_calls"] == n_tokens
     assert output["speculative"]["target_calls"] < n_tokens
     for name in ["autoregressive", "speculative", "assisted"]:  # the median of the timed runs, one run per repeat
@@ -125,14 +125,14 @@ def test_K_auto_and_prompt_lookup_give_the_autoregressive_tokens(models_dir):
     output = json.loads(auto.stdout.strip().splitlines()[-1])
     assert output["K"] == "auto" and output["speculative"]["same_text_as_autoregressive"]
     chosen = output["speculative"]["K_chosen"]
-    assert len(chosen) == output["speculative"]["loops"] and all(0 <= K <= main.AUTO_K_MAX for K in chosen)
+    assert len(chosen) == output["speculative"]["loops"] and all(0 <= K <= runs.AUTO_K_MAX for K in chosen)
     lookup = run_main(*common[2:], "--target_model_size", "target", "--draft_model_size", "prompt-lookup",
                       "--decoder", "autoregressive,speculative,assisted", models_dir=models_dir)
     assert lookup.returncode == 0, lookup.stderr
     output = json.loads(lookup.stdout.strip().splitlines()[-1])
     assert output["draft"] == "prompt-lookup" and output["costs"]["draft_step_seconds"] == 0
     for name in ["speculative", "assisted"]:
-        assert output[name]["tokens"] == output["autoregressive"]["tokens"]
+        assert output[name]["new_tokens"] == output["autoregressive"]["new_tokens"]
         assert 0 <= output[name]["copied_fraction"] <= 1
 
 
@@ -157,7 +157,7 @@ def test_the_jax_backend_gives_the_numpy_backends_greedy_tokens(models_dir, dtyp
     assert jax_run.returncode == 0, jax_run.stderr
     jax_output = json.loads(jax_run.stdout.strip().splitlines()[-1])
     assert jax_output["backend"] == "jax" and jax_output["dtype"] == dtype
-    assert jax_output["speculative"]["tokens"] == jax_output["autoregressive"]["tokens"]
+    assert jax_output["speculative"]["new_tokens"] == jax_output["autoregressive"]["new_tokens"]
     # one line each, before the wait: the first runs compile; bfloat16 on a CPU is emulated
     import jax
 
@@ -170,7 +170,7 @@ def test_the_jax_backend_gives_the_numpy_backends_greedy_tokens(models_dir, dtyp
         numpy_run = run_main(*args, models_dir=models_dir)
         assert numpy_run.returncode == 0, numpy_run.stderr
         numpy_output = json.loads(numpy_run.stdout.strip().splitlines()[-1])
-        assert jax_output["autoregressive"]["tokens"] == numpy_output["autoregressive"]["tokens"]
+        assert jax_output["autoregressive"]["new_tokens"] == numpy_output["autoregressive"]["new_tokens"]
 
 
 def test_text_report_colours_only_when_asked(models_dir):
@@ -233,7 +233,7 @@ def test_the_bundled_models_are_found_from_any_directory(tmp_path):
     result = run_main("--n_tokens_to_generate", "4", "--repeats", "1", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     output = json.loads(result.stdout.strip().splitlines()[-1])
-    assert output["draft"] == "teach-draft" and len(output["speculative"]["tokens"]) == 4
+    assert output["draft"] == "teach-draft" and len(output["speculative"]["new_tokens"]) == 4
 
 
 def test_a_given_models_dir_is_relative_to_the_current_directory(models_dir, tmp_path):
@@ -250,7 +250,7 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     result = run_main(*MODELS, "--prompt", "", "--n_tokens_to_generate", "5", "--json", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     output = json.loads(result.stdout.strip().splitlines()[-1])
-    assert output["prompt"] == "" and len(output["speculative"]["tokens"]) == 5
+    assert output["prompt"] == "" and len(output["speculative"]["new_tokens"]) == 5
 
 
 @pytest.mark.parametrize("args, message", [
@@ -328,10 +328,10 @@ def test_main_is_callable_from_python_and_returns_what_json_prints(models_dir, c
     result = main.main(prompt="the hat", n_tokens_to_generate=8, draft_model_size="draft", target_model_size="target",
                        models_dir=str(models_dir), K=2, temperature=0.8, top_k=20, top_p=0.9, seed=5, json=True)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(json.dumps(result))
-    assert len(result["speculative"]["tokens"]) == len(result["autoregressive"]["tokens"]) == 8
+    assert len(result["speculative"]["new_tokens"]) == len(result["autoregressive"]["new_tokens"]) == 8
     again = main.main(prompt="the hat", n_tokens_to_generate=8, draft_model_size="draft", target_model_size="target",
                       models_dir=str(models_dir), K=2, temperature=0.8, top_k=20, top_p=0.9, seed=5, json=True)
-    assert again["speculative"]["tokens"] == result["speculative"]["tokens"]  # the same seed, the same tokens
+    assert again["speculative"]["new_tokens"] == result["speculative"]["new_tokens"]  # the same seed, the same tokens
     with pytest.raises(ValueError, match="--K must be"):
         main.main(K=0, models_dir=str(models_dir))
 
@@ -349,23 +349,23 @@ def test_colouring_keeps_a_character_split_between_runs_of_different_origins(mod
 def test_flags_reach_main_as_typed():
     argv = ["-p", "a, b", "--draft_model_size=355", "-n", "5", "--K", "-1", "--nocolor", "--models_dir", "42",
             "--top_p=.5", "--json"]
-    given = command_line.parse_arguments(argv)
+    given = flags.parse_arguments(argv)
     assert given == {"prompt": "a, b", "draft_model_size": "355", "n_tokens_to_generate": "5", "K": "-1",
                      "color": "false", "models_dir": "42", "top_p": ".5", "json": "true"}
-    assert command_line.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
+    assert flags.fire_command(given) == ["--prompt='a, b'", "--draft_model_size='355'", "--n_tokens_to_generate=5",
                                         "--K=-1", "--nocolor", "--models_dir='42'", "--top_p=.5", "--json"]
     # a text flag's value may look like a flag, unless it is one of main's; after "=" anything is a value
-    assert command_line.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
+    assert flags.parse_arguments(["--prompt", "--not-a-flag", "--json=False"]) == {"prompt": "--not-a-flag",
                                                                                    "json": "false"}
-    assert command_line.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
-    assert command_line.parse_arguments(["--prompt="]) == {"prompt": ""}
+    assert flags.parse_arguments(["--prompt=--K", "-K", "2", "--K", "3"]) == {"prompt": "--K", "K": "3"}
+    assert flags.parse_arguments(["--prompt="]) == {"prompt": ""}
     # --prompt given several times: the rows of a batch, in order, passed to fire as a list of texts
-    given = command_line.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
+    given = flags.parse_arguments(["--prompt", "a, b", "--K", "2", "--prompt=42", "-p", "--x"])
     assert given == {"prompt": ["a, b", "42", "--x"], "K": "2"}
-    assert command_line.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
+    assert flags.fire_command(given)[0] == "--prompt=['a, b', '42', '--x']"
     for bad in (["--tempreature", "1"], ["-z"], ["--no_such"], ["-t", "1"]):  # -t: temperature, top_k or top_p?
         with pytest.raises(ValueError, match="unknown flag"):
-            command_line.parse_arguments(bad)
+            flags.parse_arguments(bad)
 
 
 def test_a_text_flag_given_anything_but_text_from_python_is_refused():
@@ -378,7 +378,7 @@ def test_help_prints_every_flag_with_its_default_and_no_pager(tmp_path):
     result = run_main("--help", cwd=tmp_path, env={"PAGER": "false", "TERM": "dumb"})
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("usage: python main.py") and "INFO" not in result.stdout
-    for flag in command_line.FLAGS:
+    for flag in flags.FLAGS:
         assert f"--{flag}" in result.stdout
     assert "[autoregressive,speculative]" in result.stdout and "--color, --nocolor" in result.stdout
     assert "[models/ beside main.py]" in result.stdout and "NO_COLOR" in result.stdout
@@ -389,7 +389,7 @@ def test_the_readme_lists_every_flag():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     flag_list = readme[readme.index("Flags: "):]
     flag_list = flag_list[:flag_list.index("\n\n")]
-    assert set(command_line.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
+    assert set(flags.FLAGS) <= set(re.findall(r"`--(\w+)`", flag_list))
 
 
 @pytest.mark.parametrize("coretype, flags, backend, noted", [
@@ -406,13 +406,13 @@ def test_a_note_when_the_environment_pins_openblas_below_the_cpu(monkeypatch, ca
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
     if coretype:
         monkeypatch.setenv("OPENBLAS_CORETYPE", coretype)
-    main.explain_blas_kernels(backend, cpuinfo)
+    runs.explain_blas_kernels(backend, cpuinfo)
     err = capsys.readouterr().err
     assert ("note: OPENBLAS_CORETYPE=Haswell" in err and "env -u OPENBLAS_CORETYPE" in err) is noted
     assert noted or err == ""
 
 
-# ---- several sequences at once (batch_mode.py) ---------------------------------------------------------
+# ---- several sequences at once ---------------------------------------------------------------------
 
 
 def run_in_process(models_dir, capsys, prompt, seed, **flags):
@@ -447,9 +447,9 @@ def test_a_batch_of_prompts_gives_each_row_as_the_one_sequence_run_gives_it(mode
     assert speculative["accepted"] == sum(row["accepted"] for row in speculative["rows"])
     for i, prompt in enumerate(prompts):  # row i: the one-sequence run of its prompt with seed 7 + i
         alone = run_in_process(models_dir, capsys, prompt, 7 + i, **flags)
-        assert output["autoregressive"]["rows"][i]["new_tokens"] == alone["autoregressive"]["tokens"]
+        assert output["autoregressive"]["rows"][i]["new_tokens"] == alone["autoregressive"]["new_tokens"]
         row = speculative["rows"][i]
-        assert row["new_tokens"] == alone["speculative"]["tokens"]
+        assert row["new_tokens"] == alone["speculative"]["new_tokens"]
         for key in ("loops", "target_calls", "draft_calls", "drafted", "accepted", "rejected", "corrected", "bonus"):
             assert row[key] == alone["speculative"][key], (i, key)
 
@@ -459,8 +459,8 @@ def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir,
     result = run_in_process(models_dir, capsys, "the", 3, batch_size=4, **flags)
     rows = [row["new_tokens"] for row in result["speculative"]["rows"]]
     assert result["prompt"] == ["the"] * 4 and len(set(map(tuple, rows))) > 1  # distinct seeds: other samples
-    assert rows[0] == run_in_process(models_dir, capsys, "the", 3, **flags)["speculative"]["tokens"]
-    assert rows[3] == run_in_process(models_dir, capsys, "the", 6, **flags)["speculative"]["tokens"]
+    assert rows[0] == run_in_process(models_dir, capsys, "the", 3, **flags)["speculative"]["new_tokens"]
+    assert rows[3] == run_in_process(models_dir, capsys, "the", 6, **flags)["speculative"]["new_tokens"]
     report = run_main(*PAIR, "--batch_size", "2", "--n_tokens_to_generate", "6", "--repeats", "1",
                       "--temperature", "0", models_dir=models_dir)
     assert report.returncode == 0, report.stderr
@@ -473,7 +473,7 @@ def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir,
 def test_a_batch_on_the_jax_backend_gives_the_numpy_backends_rows(models_dir, capsys):
     """main's wiring of the batched device loops (tests/test_batched.py holds them to the NumPy batch)."""
     pytest.importorskip("jax")
-    import sampling_jax
+    from jax_backend import sampling_jax
 
     flags = dict(n_tokens_to_generate=8, temperature=0.8, top_k=40, batch_size=2, decoder="autoregressive")
     numpy_run, jax_run = (run_in_process(models_dir, capsys, ["the cat", "a"], 1, backend=backend, **flags)

@@ -1,12 +1,12 @@
-"""costs.py: the formula at measured costs, the best K and the break-even alpha, the measurement itself on
+"""speedup/costs.py: the formula at measured costs, the best K and the break-even alpha, the measurement itself on
 small models, and AutoK, which chooses K every loop and never changes the greedy tokens."""
 
 import numpy as np
 import pytest
 
-import costs
 import gpt2
 import sampling
+from speedup import costs
 from test_exactness import HPARAMS, perturbed, random_target
 
 

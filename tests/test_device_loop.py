@@ -1,4 +1,4 @@
-"""sampling_jax.py, the decoders whose whole loop runs on the device, held to sampling.py's results.
+"""jax_backend/sampling_jax.py, the decoders whose whole loop runs on the device, held to sampling.py's results.
 
 - The same tokens and statistics as the host's decoders (NumPy models) for the same seed: greedy, at
   temperature 1 and with top-k and top-p, for several K, up to the end of the context.
@@ -21,8 +21,7 @@ from test_exactness import DRAFT_TABLE, N_TOKENS, PROMPT, TARGET_TABLE, TableMod
     chi_square_p_value, exact_joint
 
 jax = pytest.importorskip("jax")
-import gpt2_jax  # noqa: E402
-import sampling_jax  # noqa: E402
+from jax_backend import gpt2_jax, sampling_jax  # noqa: E402
 
 LONG = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)
 
@@ -191,8 +190,8 @@ def test_main_with_the_jax_backend_prints_the_numpy_backends_statistics(capsys):
     for name in ("autoregressive", "speculative"):
         numpy_run, jax_run = results["numpy"][name], results["jax"][name]
         assert set(jax_run) == set(numpy_run)  # the same JSON keys
-        for key in ("tokens", "text", "target_calls", "loops", "draft_calls", "drafted", "accepted", "rejected",
-                    "acceptance_rate", "tokens_per_target_call"):
+        for key in ("tokens", "new_tokens", "text", "target_calls", "loops", "draft_calls", "drafted", "accepted",
+                    "rejected", "acceptance_rate", "tokens_per_target_call"):
             assert jax_run.get(key) == numpy_run.get(key), (name, key)
     statistics_lines = lambda lines: [line for line in lines if line.startswith("  ") and  # not the texts' indented lines
                                       ("drafted:" in line or "acceptance rate" in line or "tokens:" in line)]

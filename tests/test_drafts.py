@@ -1,13 +1,13 @@
-"""drafts.py: prompt lookup proposes what followed the latest match of the text's ending, and speculative
+"""speedup/drafts.py: prompt lookup proposes what followed the latest match of the text's ending, and speculative
 sampling with it stays exact: the autoregressive tokens at temperature 0, the target's distribution (joint
 chi-square over three tokens) at temperature 1 and with top-k and top-p."""
 
 import numpy as np
 import pytest
 
-import drafts
 import gpt2
 import sampling
+from speedup import drafts
 from test_exactness import HPARAMS, TARGET_TABLE, TableModel, chi_square_p_value, exact_joint, random_target
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import gpt2
 import sampling
-from lossless import chi2_sf, chi_square_test
+from classroom.lossless import chi2_sf, chi_square_test
 
 # ---- the chi-square test lives in lossless.py (no scipy at run time); its survival function is checked here
 

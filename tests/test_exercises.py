@@ -1,4 +1,4 @@
-"""Notebook 9's automatic checks (notebooks/exercise_checks.py): the solutions pass every one, and typical
+"""Notebook 9's automatic checks (classroom/exercise_checks.py): the solutions pass every one, and typical
 wrong answers get a hint instead."""
 
 import sys
@@ -6,14 +6,13 @@ import sys
 import numpy as np
 import pytest
 
-import lossless
 import sampling
+from classroom import lossless
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "notebooks"))
 sys.path.insert(0, str(REPO / "notebooks" / "solutions"))
-import exercise_checks  # noqa: E402
 import exercise_solutions  # noqa: E402
+from classroom import exercise_checks  # noqa: E402
 
 
 def test_every_exercise_has_a_solution():

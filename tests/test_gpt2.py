@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gpt2
-import layouts
+from engine import layouts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""gpt2_jax.py and backends.py: the JAX backend against the NumPy one, on JAX's CPU.
+"""jax_backend/gpt2_jax.py and backends.py: the JAX backend against the NumPy one, on JAX's CPU.
 
 The reference is gpt2.py run by NumPy (itself checked against transformers in test_gpt2.py). The tiny
 random models have gains and biases moved away from 1 and 0 and weights ten times GPT-2's scale, so that
@@ -11,14 +11,14 @@ import sys
 import numpy as np
 import pytest
 
-import backends
 import gpt2
 import sampling
 from conftest import REPO  # the repository root
 from gpt2_cases import CONFIGS, full_logits, random_params  # the engine's random configurations
+from jax_backend import backends
 
 jax = pytest.importorskip("jax")
-import gpt2_jax  # noqa: E402
+from jax_backend import gpt2_jax  # noqa: E402
 
 LONG = dict(n_vocab=64, n_ctx=48, n_embd=32, n_head=4, n_layer=2)  # room for 20+ decode steps
 
@@ -318,8 +318,9 @@ def test_without_jax_everything_else_works_and_the_jax_backend_says_how_to_insta
     script = """
 import sys
 sys.modules["jax"] = None  # importing jax now fails, as where it is not installed
+import gpt2, sampling
 import numpy as np
-import backends, gpt2, sampling
+from jax_backend import backends
 hparams = dict(n_vocab=11, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
 params = gpt2.init_params(hparams, np.random.default_rng(0))
 model = backends.make_model(params, hparams)

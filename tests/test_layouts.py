@@ -1,4 +1,4 @@
-"""layouts.py: column panels and planned matrices multiply like the matrix; a plan follows the measured costs
+"""engine/layouts.py: column panels and planned matrices multiply like the matrix; a plan follows the measured costs
 (one layout, both where each gains enough and memory allows, padding where more rows cost less); the
 measurement gives a valid plan for a model's own weights, once per process; a fixed layout repeats a run
 bit for bit."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpt2
-import layouts
+from engine import layouts
 from engine.threads import THREADS
 from gpt2_cases import random_params
 

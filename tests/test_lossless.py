@@ -1,4 +1,4 @@
-"""lossless.py: its exact distributions, its models, its statistics, and its verdict on the reference and on
+"""classroom/lossless.py: its exact distributions, its models, its statistics, and its verdict on the reference and on
 decoders that are wrong in ways it was not written against (bug_zoo.py's bugs: tests/test_bug_zoo.py)."""
 
 import functools
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import gpt2
-import lossless
 import sampling
+from classroom import lossless
 
 
 @functools.cache

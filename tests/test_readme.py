@@ -83,8 +83,8 @@ def test_main_py_needs_only_the_runtime_requirements():
     assert imported.isdisjoint(EXTRAS), imported & set(EXTRAS)
 
 
-@pytest.mark.parametrize("path", ["README.md", "notebooks/README.md", "main.py", "sampling.py", "lossless.py",
-                                  "bug_zoo.py", "notebooks/exercise_checks.py",
+@pytest.mark.parametrize("path", ["README.md", "notebooks/README.md", "main.py", "sampling.py", "classroom/lossless.py",
+                                  "classroom/bug_zoo.py", "classroom/exercise_checks.py",
                                   "notebooks/solutions/exercise_solutions.py", "requirements.txt", "requirements-dev.txt", "requirements-jax.txt",
                                   "requirements-notebooks.txt", "tests/fixtures/gpt2-vocab/README.md"])
 def test_the_docs_name_only_what_a_reader_can_find(path):

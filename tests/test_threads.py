@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gpt2
-import layouts
+from engine import layouts
 from engine import threads
 from engine.threads import THREADS, SplitMatrix, column_groups
 from gpt2_cases import random_params

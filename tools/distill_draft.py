@@ -24,7 +24,7 @@ import gpt2  # noqa: E402
 import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
-from tf_checkpoint import write_atomically  # noqa: E402
+from engine.tf_checkpoint import write_atomically  # noqa: E402
 
 
 def grow(params, hparams, n_layer, rng):

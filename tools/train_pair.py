@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpt2  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
-from tf_checkpoint import write_atomically  # noqa: E402
+from engine.tf_checkpoint import write_atomically  # noqa: E402
 from tools.pack_corpus import load_packed_tokens  # noqa: E402
 import utils  # noqa: E402
 

@@ -7,15 +7,10 @@ the solutions (notebooks/solutions/) and on wrong answers.
 """
 
 import math
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))  # the kit's modules
-
-import lossless  # noqa: E402
-import sampling  # noqa: E402
+import sampling
+from classroom import lossless
 
 GRID = [(alpha, K) for alpha in (0.0, 0.3, 0.75, 0.99, 1.0) for K in (1, 2, 4, 8)]
 

@@ -24,7 +24,7 @@ the stats stay 0, so the cost ratio is None.
 Greedy assisted generation changes K, a shape, from loop to loop: it stays the host's loop (with the
 fused draft), re-exported here.
 
-`batched_autoregressive_sampling` and `batched_speculative_sampling` are batched_sampling.py's decoders on
+`batched_autoregressive_sampling` and `batched_speculative_sampling` are sampling_batched.py's decoders on
 the device: the same loops vmapped over rows, each row with its own cache and its own Generator's uniforms.
 """
 
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-import batched_sampling
 import sampling
-from gpt2_jax import bucket_size, probabilities, sample_inverse_cdf
+from engine import sampling_batched
+from jax_backend.gpt2_jax import bucket_size, probabilities, sample_inverse_cdf
 from sampling import greedy_assisted_generation  # noqa: F401  (the host's loop, see above)
 
 ORIGINS = ("target", "accepted", "corrected", "bonus")  # sampling.SpeculativeStats' names, by code
@@ -260,8 +260,8 @@ def batched_speculative_loop(draft_forward, draft_params, draft_cache, target_fo
 
 
 def batched_prepared(xs, N, models, rngs, stats, K=0):
-    """batched_sampling.prepare_rows' checks, then the device's inputs: (x, T, buffers, n_prompt, rngs, stats)."""
-    x, T, rngs, stats, _ = batched_sampling.prepare_rows(xs, N, models, rngs, stats, None)
+    """sampling_batched.prepare_rows' checks, then the device's inputs: (x, T, buffers, n_prompt, rngs, stats)."""
+    x, T, rngs, stats, _ = sampling_batched.prepare_rows(xs, N, models, rngs, stats, None)
     n_ctx = min(model.n_ctx for model in models)
     if K + 1 > n_ctx:
         raise ValueError(f"K + 1 = {K + 1} positions to score exceed the model's context of {n_ctx}")
@@ -286,7 +286,7 @@ def batched_uniforms(rngs, counts):  # -> [B, the longest padded count]: uniform
 
 def batched_autoregressive_sampling(xs, model, N, rngs=None, *, temperature=1.0, top_k=0, top_p=1.0, stats=None,
                                     progress=None):
-    """batched_sampling.autoregressive_sampling with the loop on the device: row i gives the tokens and counts
+    """sampling_batched.autoregressive_sampling with the loop on the device: row i gives the tokens and counts
     autoregressive_sampling gives with row i's Generator. -> a list of int64 arrays, one per row."""
     settings = sampling.SamplingSettings(temperature, top_k, top_p)
     x, T, buffers, n_prompt, rngs, stats = batched_prepared(xs, N, [model], rngs, stats)
@@ -308,7 +308,7 @@ def batched_autoregressive_sampling(xs, model, N, rngs=None, *, temperature=1.0,
 
 def batched_speculative_sampling(xs, draft_model, target_model, N, K, rngs=None, *, temperature=1.0, top_k=0,
                                  top_p=1.0, stats=None, progress=None):
-    """batched_sampling.speculative_sampling with the loop on the device: row i gives the tokens and counts
+    """sampling_batched.speculative_sampling with the loop on the device: row i gives the tokens and counts
     speculative_sampling gives with row i's Generator. -> a list of int64 arrays, one per row.
 
     The batch's loops and target calls are the vmapped loop's iterations (the most any row needed); the

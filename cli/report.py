@@ -1,14 +1,15 @@
-"""main.py's report of a one-sequence run: texts coloured by where each token came from, the counts, this
-run's costs in decode steps beside the formula's expectations, and this machine's break-even alpha.
+"""main.py's report: for one sequence (print_report), texts coloured by where each token came from, the
+counts, this run's costs in decode steps beside the formula's expectations, and this machine's break-even
+alpha; for a batch (print_batch_report), each decoder's tokens per second and the speedup, then every row.
 
-Every number it prints is also in the result dict that --json prints; print_report only words them.
+Every number it prints is also in the result dict that --json prints; the report only words them.
 """
 
 import os
 import sys
 
-import costs
-import drafts
+from speedup import costs, drafts
+
 COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m"}  # green, red, blue
 LEGEND = {"accepted": "accepted draft", "corrected": "target correction", "bonus": "bonus token"}
 RESET = "\x1b[0m"
@@ -50,10 +51,10 @@ def print_report(result, stats, decode, use_colour, measured=None):
         if run is None:
             continue
         print(f"\n{name}: {run['seconds']:.3f} s ({min(run['seconds_per_run']):.3f}-{max(run['seconds_per_run']):.3f}), "
-              f"{run['target_calls']} target calls, {1000 * run['seconds'] / len(run['tokens']):.1f} ms/token")
+              f"{run['target_calls']} target calls, {1000 * run['seconds'] / len(run['new_tokens']):.1f} ms/token")
         text = run["text"]
         if use_colour and name != "autoregressive":
-            text = coloured_text(run["tokens"], stats[name].origins, decode)
+            text = coloured_text(run["new_tokens"], stats[name].origins, decode)
         print(result["prompt"] + text)
         if name == "autoregressive":
             continue
@@ -70,8 +71,8 @@ def print_counts(run, lookup):
     never_judged = run["drafted"] - run["accepted"] - run["rejected"]
     print(f"  {run['drafted']} drafted: {run['accepted']} accepted, {run['rejected']} rejected, {never_judged} never "
           "judged (a loop stops at its first rejection)")
-    print(f"  the {len(run['tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections after "
-          f"a rejection, {run['bonus']} bonus tokens (every draft of their loop accepted)"
+    print(f"  the {len(run['new_tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections "
+          f"after a rejection, {run['bonus']} bonus tokens (every draft of their loop accepted)"
           + (f", {run['plain_steps']} plain target steps (no drafts)" if run["plain_steps"] else ""))
     alpha = "n/a" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.3f}"
     print(f"  acceptance rate alpha {alpha} = accepted / (accepted + rejected), Leviathan et al.'s alpha; "
@@ -116,3 +117,43 @@ def print_same_text(run, temperature):
               "logits, rounded differently by the two paths, can do this)")
     else:
         print("  other tokens than autoregressive decoding: each is a sample of the target's distribution")
+
+
+def print_batch_report(result, stats, show_text):
+    """The batch's report: each decoder's time and tokens per second, the speedup, then row by row.
+
+    show_text(tokens, origins) -> the text to print (coloured by origin on a terminal, as for one sequence).
+    """
+    B = result["batch_size"]
+    print(f"a batch of {B} rows: draft {result['draft']} -> target {result['target']}, K {result['K']}, temperature "
+          f"{result['temperature']}, top_k {result['top_k']}, top_p {result['top_p']}, seeds {result['seed']}.."
+          f"{result['seed'] + B - 1}, {result['n_tokens']} new tokens per row; times: the median and range of "
+          f"{result['repeats']} timed runs, after one untimed run of each decoder")
+    for name in ("autoregressive", "speculative"):
+        run = result[name]
+        if run is None:
+            continue
+        line = (f"\n{name}: {run['seconds']:.3f} s ({min(run['seconds_per_run']):.3f}-"
+                f"{max(run['seconds_per_run']):.3f}), {run['tokens_per_second']:.0f} tokens/s over all rows, "
+                f"{run['target_calls']} batched target calls")
+        if name == "speculative":
+            alone = sum(row["target_calls"] for row in run["rows"])
+            alpha = "n/a" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.3f}"
+            line += f" (the rows alone: {alone}); alpha {alpha} over all rows"
+        print(line)
+    if result["speculative"] and result["speculative"]["speedup"] is not None:
+        low, high = result["speculative"]["speedup_range"]
+        print(f"speedup {result['speedup']:.2f}x measured (median of {result['repeats']} paired runs, "
+              f"{low:.2f}-{high:.2f}x)")
+    shown = "speculative" if result["speculative"] else "autoregressive"
+    for i, (prompt, row) in enumerate(zip(result["prompt"], result[shown]["rows"])):
+        header = f"\nrow {i} (seed {result['seed'] + i}), {shown}"
+        if shown == "speculative":
+            alpha = "n/a" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.3f}"
+            header += (f": {row['drafted']} drafted, {row['accepted']} accepted, {row['rejected']} rejected, "
+                       f"alpha {alpha}, {row['target_calls']} target calls")
+            if result["autoregressive"]:
+                same = row["new_tokens"] == result["autoregressive"]["rows"][i]["new_tokens"]
+                header += "; the same tokens as autoregressive" if same else "; other tokens than autoregressive"
+        print(header)
+        print(prompt + show_text(row["new_tokens"], stats[shown].rows[i].origins))

@@ -2,7 +2,7 @@
 
 Put sampling.py beside this file: `autoregressive_sampling` is its Algorithm 1 and `speculative_sampling`
 its Algorithm 2, in the same names (x, n, T, K, p, q), for a list of rows. Every model call feeds all the
-rows that need it in one batched forward pass (batched.BatchedGPT2Model), which reads the weights once
+rows that need it in one batched forward pass (gpt2_batched.BatchedGPT2Model), which reads the weights once
 for all of them; everything a row decides, it decides alone:
 
 - Each row has its own numpy Generator and consumes it in sampling.py's order (per loop: one uniform

@@ -1,0 +1,6 @@
+"""main.py's command line: its flags read strictly, checked before any model is loaded, and its usage
+(flags.py); the decoders run and compared, for one sequence or a batch, with warm-up, interleaved repeats,
+medians and paired speedups (runs.py); and the report that words the result dict `--json` prints
+(report.py). It uses the reading path (sampling, utils, encoder), speedup/ for the costs and drafts, and
+jax_backend.backends to build the models.
+"""

@@ -1,0 +1,234 @@
+"""main.py's command line, read strictly before fire sees it, and its flags checked before any model is loaded.
+
+Every flag takes a value (or none, for the booleans and --help), a text flag's value may start with "-", and
+there are no positional arguments. Fire alone would read a flag given no value as True (`--prompt` alone ran
+with the prompt "True"), stray words as positional arguments, and a text such as '42' or 'a, b' as a number
+or a tuple. `parse_arguments` refuses the first two with a clear error, and `fire_command` quotes text so
+that fire keeps it as typed. --prompt may be given several times (a batch of prompts); any other flag keeps
+its last value, as fire and argparse do. The checks below then refuse bad values, a context too short or
+two vocabularies that differ with `ValueError`, which main.py prints as `error: ...` with exit status 2.
+"""
+
+import inspect
+import os
+
+import sampling
+import utils
+from encoder import get_encoder
+from jax_backend import backends
+from speedup import drafts
+
+DECODERS = ("autoregressive", "speculative", "assisted")
+
+# every flag of main(), with what its value looks like and what it does (--help prints these)
+FLAG_HELP = {
+    "prompt": ("TEXT", "the text to continue; an empty prompt starts from <|endoftext|>; given several times, a batch "
+                       "of different prompts"),
+    "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
+    "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
+                                 "or prompt-lookup (drafts copied from the text so far)"),
+    "target_model_size": ("NAME", "the target model, likewise"),
+    "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
+    "K": ("INT|auto", "tokens the draft proposes per loop, or auto: chosen every loop from this machine's costs and "
+                 "the alpha so far, 0 (a plain step) where nothing pays (the assisted decoder adapts its own K)"),
+    "temperature": ("FLOAT", "0 is greedy decoding"),
+    "top_k": ("INT", "keep the k most likely tokens; 0 keeps all"),
+    "top_p": ("FLOAT", "keep the fewest most likely tokens holding this much probability; 1 keeps all"),
+    "seed": ("INT", "seed of the random numbers (every decoder starts from it)"),
+    "decoder": ("NAMES", "comma-separated, among autoregressive, speculative and assisted (greedy only)"),
+    "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
+    "json": (None, "print one JSON object instead of the report"),
+    "color": (None, "colour the speculative text by where each token came from"),
+    "backend": ("NAME", "numpy, or jax (needs jax: pip install -r requirements-jax.txt)"),
+    "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
+    "batch_size": ("INT", "sequences decoded at once: B copies of the prompt, row i with seed + i (--prompt given "
+                          "several times: one row each)"),
+}
+FLAGS = tuple(FLAG_HELP)
+BOOLEAN_FLAGS = ("json", "color")
+STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype")
+
+
+def flag_name(arg):
+    """The parameter an argument names (--name, --name=value, --noname, fire's one-letter -n), or None for a value."""
+    if arg.startswith("--"):
+        return arg[2:].split("=", 1)[0].replace("-", "_")
+    if len(arg) < 2 or not arg.startswith("-") or arg[1].isdigit() or arg[1] == ".":  # -1 and -.5 are values
+        return None
+    name = arg[1:].split("=", 1)[0]
+    matches = [flag for flag in FLAGS if flag.startswith(name)] if len(name) == 1 else []
+    return matches[0] if len(matches) == 1 else name  # fire's -x names the only flag starting with x
+
+
+def split_flag(arg):
+    """--name=value, --name, --noname or -n -> (a name in FLAGS or "help", the value after '=' or None).
+
+    None when arg is a value rather than a flag; an unknown flag raises.
+    """
+    name = flag_name(arg)
+    if name is None:
+        return None
+    value = arg.split("=", 1)[1] if "=" in arg else None
+    if name in ("help", "h") or name in FLAGS:
+        return ("help" if name == "h" else name), value
+    if name.startswith("no") and name[2:] in BOOLEAN_FLAGS and value is None:
+        return name[2:], "false"
+    raise ValueError(f"unknown flag {arg.split('=', 1)[0]}: the flags are --{', --'.join(FLAGS)}")
+
+
+def is_known_flag(arg):
+    try:
+        return split_flag(arg) is not None
+    except ValueError:
+        return False
+
+
+def parse_arguments(argv):
+    """The command line -> {flag name: its value as typed}, refusing what fire would silently misread.
+
+    Fire would read a flag given no value as True (`--prompt` alone ran with the prompt "True") and
+    stray words as positional arguments (`main.py hello 5`). Here --json, --color and --help take no
+    value (or =true, =false), every other flag takes one, and there are no positional arguments. A text
+    flag's value may start with "-" unless it is one of main's flags (--prompt --K 3 lacks a prompt);
+    --prompt=--K is a prompt. --prompt given several times gives a list of prompts: a batch.
+    """
+    given, i = {}, 0
+    while i < len(argv):
+        arg = argv[i]
+        flag = split_flag(arg)
+        if flag is None:
+            raise ValueError(f"unexpected argument {arg!r}: every value follows its flag, as in --prompt {arg!r} "
+                             "(python main.py --help lists the flags)")
+        name, value = flag
+        if name in BOOLEAN_FLAGS or name == "help":
+            value = "true" if value is None else value.lower()
+            if value not in ("true", "false"):
+                raise ValueError(f"--{name} takes no value (or =true, =false), got {arg!r}")
+        elif value is None:
+            follows = argv[i + 1] if i + 1 < len(argv) else None
+            is_flag = is_known_flag if name in STRING_FLAGS else (lambda arg: flag_name(arg) is not None)
+            if follows is None or is_flag(follows):
+                raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
+            value, i = follows, i + 1
+        elif value == "" and name not in STRING_FLAGS:
+            raise ValueError(f"--{name} needs a value ({FLAG_HELP[name][0]})")
+        if name == "prompt" and name in given:  # each --prompt is a row of a batch
+            value = [*(given[name] if isinstance(given[name], list) else [given[name]]), value]
+        given[name] = value  # any other flag given twice keeps its last value, as fire and argparse do
+        i += 1
+    return given
+
+
+def fire_command(given):
+    """The flags for fire to read: text quoted, so fire keeps it as typed ('a, b' would become a tuple, '42' an int);
+    several prompts as a list of quoted texts."""
+    command = []
+    for name, value in given.items():
+        if name in BOOLEAN_FLAGS:
+            command.append(f"--{name}" if value == "true" else f"--no{name}")
+        elif name in STRING_FLAGS:
+            command.append(f"--{name}={value!r}")
+        else:
+            command.append(f"--{name}={value}")
+    return command
+
+
+# ---- checks, before anything is loaded --------------------------------------------------------------
+
+
+def parse_decoders(decoder):
+    names = decoder.split(",") if isinstance(decoder, str) else list(decoder)  # a list from Python callers
+    names = [str(name).strip() for name in names if str(name).strip()]
+    unknown = [name for name in names if name not in DECODERS]
+    if unknown or not names:
+        raise ValueError(f"unknown decoder {', '.join(unknown) or repr(decoder)}: choose from {', '.join(DECODERS)}")
+    return names
+
+
+def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtype):
+    if backend not in backends.BACKENDS:
+        raise ValueError(f"unknown --backend {backend!r}: choose one of {', '.join(backends.BACKENDS)}")
+    if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and backend != "jax"):
+        raise ValueError(f"--dtype must be float32, or bfloat16 with --backend jax; got {dtype!r}")
+    if not sampling.is_integer(n_tokens) or n_tokens < 1:
+        raise ValueError(f"--n_tokens_to_generate must be an integer >= 1, got {n_tokens!r}")
+    if K != "auto" and (not sampling.is_integer(K) or K < 1):
+        raise ValueError(f"--K must be an integer >= 1, or auto, got {K!r}")
+    if not sampling.is_integer(seed) or seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
+    if not sampling.is_integer(repeats) or repeats < 1:
+        raise ValueError(f"--repeats must be an integer >= 1, got {repeats!r}")
+    if "assisted" in decoders and sampling.is_real(temperature) and temperature != 0:
+        raise ValueError(f"the assisted decoder is greedy: it needs --temperature 0, got {temperature!r}")
+
+
+def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
+    """How many rows to decode: --batch_size, or one per --prompt; a batch's flags checked before any loading."""
+    if batch_size is not None and (not sampling.is_integer(batch_size) or batch_size < 1):
+        raise ValueError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
+    if not prompts:
+        raise ValueError("--prompt must be a text (or several), got an empty list")
+    B = len(prompts) if batch_size is None else batch_size
+    if len(prompts) > 1 and B != len(prompts):
+        raise ValueError(f"--batch_size {batch_size} disagrees with the {len(prompts)} prompts given: give one prompt "
+                         "for B copies of it, or one --prompt per row")
+    if B > 1:
+        if "assisted" in decoders:
+            raise ValueError("the assisted decoder has no batched form: a batch decodes with autoregressive and "
+                             "speculative (--decoder autoregressive,speculative)")
+        if K == "auto" or draft_model_size == drafts.PROMPT_LOOKUP:
+            raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto or prompt-lookup)")
+    return B
+
+
+def check_strings(models_dir, **texts):
+    """The text flags must be text (a flag given no value reaches main as True); models_dir may be a path."""
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            raise ValueError(f"--{name} must be text, got {value!r}")
+    if models_dir is not None and (not isinstance(models_dir, (str, os.PathLike)) or os.fspath(models_dir) == ""):
+        raise ValueError(f"--models_dir must be a folder's path, got {models_dir!r}")
+
+
+def check_same_vocabulary(encoder, target_encoder, draft_hparams, target_hparams):
+    if draft_hparams["n_vocab"] != target_hparams["n_vocab"] or encoder.encoder != target_encoder.encoder:
+        raise ValueError(f"the draft and the target have different vocabularies ({draft_hparams['n_vocab']} and "
+                         f"{target_hparams['n_vocab']} tokens): speculative sampling compares their distributions "
+                         "token by token")
+
+
+def encode_prompt(encoder, prompt):
+    """The prompt's token ids; an empty prompt starts from <|endoftext|>, as GPT-2 does."""
+    if prompt:
+        return encoder.encode(prompt)
+    if encoder.eot_token is None:
+        raise ValueError("an empty prompt starts from <|endoftext|>, which this vocabulary lacks")
+    return [encoder.eot_token]
+
+
+def check_context(n_prompt, n_tokens, *all_hparams):  # the final sequence must fit in every model's context
+    n_ctx = min(hparams["n_ctx"] for hparams in all_hparams)
+    if n_prompt + n_tokens > n_ctx:
+        raise ValueError(f"the prompt's {n_prompt} tokens + {n_tokens} new ones exceed the models' context of "
+                         f"{n_ctx} tokens: shorten the prompt or --n_tokens_to_generate")
+
+
+def check_context_early(prompt, n_tokens, model_size, models_dir):
+    """check_context from a model folder's small files, before its checkpoint is loaded or downloaded."""
+    model_dir = utils.model_directory(model_size, models_dir)  # raises on a bad name
+    paths = [os.path.join(model_dir, name) for name in ("hparams.json", "encoder.json", "vocab.bpe")]
+    if all(os.path.isfile(path) for path in paths):  # otherwise the check after loading will do
+        encoder = get_encoder(paths[1], paths[2])
+        check_context(len(encode_prompt(encoder, prompt)), n_tokens, utils.load_hparams(paths[0]))
+
+
+def usage(main, examples):
+    """What --help prints: main.py's examples, then every flag of main() with its default."""
+    defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
+    described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
+                          "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt"}
+    lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
+    for name, (metavar, description) in FLAG_HELP.items():
+        syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"
+        lines.append(f"  {syntax:<28} {description} [{described_defaults.get(name, defaults[name])}]")
+    return "\n".join(lines)
