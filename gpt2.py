@@ -232,23 +232,30 @@ def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume 
 
 
 
+def layout_plan(params, layout="auto"):
+    """How GPT2Model will multiply these weights: a layouts.ModelPlan (or LayoutPlan), or None for the plain path.
+
+    layout: "auto" measures this machine (layouts.measure_plan: layouts, and threads per product); "plain" keeps
+    the checkpoint's arrays as they are; one of layouts.LAYOUTS for every matrix on one thread; or a plan.
+    """
+    if not isinstance(layout, str):
+        return layout
+    if layout == "plain":
+        return None
+    if layout not in ("auto", *layouts.LAYOUTS):
+        raise ValueError(f"unknown layout {layout!r}: choose auto, plain, {', '.join(layouts.LAYOUTS)} or a ModelPlan")
+    return layouts.measure_plan(params) if layout == "auto" else layouts.fixed_plan(layout)
+
+
 def fast_layout(params, layout="auto", in_place=False):
     """The weights as GPT2Model multiplies them: -> (params with every linear weight in the chosen layout, the
     tied output projection wte.T in it too, or None for wte.T itself). Built once from the checkpoint's params,
-    which stay the reference.
-
-    layout: "auto" measures this machine (layouts.measure_plan); "plain" keeps the checkpoint's arrays as they
-    are; "panels", "row-major" or "column-major" one layout for every matrix; or a layouts.ModelPlan (or one
-    layouts.LayoutPlan for every matrix). in_place: lay the matrices out inside params itself, freeing the
-    checkpoint's as it goes (half the peak memory of a large model; params then holds the laid-out matrices).
+    which stay the reference. layout: as for layout_plan. in_place: lay the matrices out inside params itself,
+    freeing the checkpoint's as it goes (half the peak memory of a large model; params then holds the laid-out
+    matrices).
     """
-    if isinstance(layout, str):
-        if layout == "plain":
-            return params, None
-        if layout not in ("auto", *layouts.LAYOUTS):
-            raise ValueError(f"unknown layout {layout!r}: choose auto, plain, {', '.join(layouts.LAYOUTS)} or a ModelPlan")
-        layout = layouts.measure_plan(params) if layout == "auto" else layouts.fixed_plan(layout)
-    return layouts.fast_layout(params, layout, in_place)
+    plan = layout_plan(params, layout)
+    return (params, None) if plan is None else layouts.fast_layout(params, plan, in_place)
 
 
 class GPT2Model:
@@ -260,16 +267,18 @@ class GPT2Model:
     disappear the next time the model is called with the corrected sequence. Without a cache it
     recomputes the whole sequence, as jaymody/speculative-sampling does.
 
-    `layout` says how the weights are stored for the products (engine/layouts.py): "auto" (the default) times three
-    layouts of each role's matrices on this machine (row-major, column-major, column panels), for one row (a
-    decode step) and for the few rows a verification scores, and keeps what is faster, two layouts where that
-    pays; "plain" keeps the checkpoint's arrays as they are, the reference path; "panels" column panels for
-    every product. `in_place` lets the model lay its weights out inside `params` (see fast_layout).
+    `layout` says how the weights are stored for the products (engine/layouts.py): "auto" (the default) times the
+    layouts of each role's matrices on this machine (row-major, column-major, column panels, ...), on one thread
+    and split over every core (engine/threads.py), for one row (a decode step) and for the few rows a
+    verification scores, and keeps what is faster, two layouts where that pays; "plain" keeps the checkpoint's
+    arrays as they are, the reference path; "panels" column panels for every product. `plan` is what was
+    chosen. `in_place` lets the model lay its weights out inside `params` (see fast_layout).
     """
 
     def __init__(self, params, hparams, use_cache=True, layout="auto", in_place=False):
         self.hparams, self.use_cache = hparams, use_cache
-        self.params, self.unembedding = fast_layout(params, layout, in_place)  # laid out once (engine/layouts.py)
+        self.plan = layout_plan(params, layout)  # what multiplies each matrix, and on how many threads
+        self.params, self.unembedding = fast_layout(params, self.plan, in_place)  # laid out once (engine/layouts.py)
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 

@@ -22,13 +22,8 @@ Bad input gets `error: ...` on stderr and exit status 2, before any model is loa
 `python main.py --help` lists the flags.
 """
 
-import os
-
-# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, a second OpenBLAS
-# thread made a GPT-2 124M decode step 22% faster when idle, 1.7x slower with one other busy process (README).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import json as jsonlib
+import os
 import sys
 
 import sampling
@@ -48,7 +43,7 @@ BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "m
 def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach-draft",
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0, seed=123,
          decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
-         dtype="float32", batch_size=None):
+         dtype="float32", batch_size=None, threads=None):
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
@@ -57,7 +52,8 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     color: None colours on a terminal unless the NO_COLOR environment variable is set; True or False
     forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the number
-    of rows (B copies of a single prompt).
+    of rows (B copies of a single prompt). threads: how many threads the NumPy engine splits a product over
+    where that measures faster (engine/threads.py); None is every usable core.
     Returns the result dict that --json prints.
     """
     decoders = flags.parse_decoders(decoder)
@@ -68,6 +64,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
         flags.check_strings(None, prompt=text)
     flags.check_strings(draft_model_size=draft_model_size, target_model_size=target_model_size, models_dir=models_dir)
     B = flags.batch_rows(batch_size, prompts, decoders, K, draft_model_size)
+    flags.set_threads(threads)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
     lookup = draft_model_size == drafts.PROMPT_LOOKUP
     for name in ([] if lookup else [draft_model_size]) + [target_model_size]:
@@ -99,9 +96,9 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
             print_batch_report(result, stats, lambda tokens, origins: coloured_text(tokens, origins, encoder.decode)
                                if colour else encoder.decode(tokens))
         return result
-    target = backends.make_model(target_params, target_hparams, backend, dtype)
+    target = backends.make_model(target_params, target_hparams, backend, dtype, in_place=True)  # frees as it goes
     draft = (drafts.PromptLookup(target_hparams["n_vocab"]) if lookup
-             else backends.make_model(draft_params, draft_hparams, backend, dtype))
+             else backends.make_model(draft_params, draft_hparams, backend, dtype, in_place=True))
     runs.explain_backend(backend, dtype)
     runs.explain_blas_kernels(backend)
 
@@ -121,6 +118,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     result.update({name: runs_by_name.get(name) for name in DECODERS})
     runs.add_run_costs(result, stats, measured)
     runs.add_speedups(result)
+    result["engine"] = runs.describe_engine(target)  # threads, the target's layouts, peak memory
 
     if json:
         print(jsonlib.dumps(result))

@@ -20,10 +20,6 @@ the chosen ones for real.
 Prints one JSON line per setting, then one JSON object as its last line.
 """
 
-import os
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one BLAS thread (README, Speed)
-
 import argparse
 import itertools
 import json

@@ -19,8 +19,6 @@ Temperature 0: speculative tokens must equal the autoregressive ones. Prints one
 
 import os
 
-# One BLAS thread unless the caller chose otherwise (README, Speed).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import ast

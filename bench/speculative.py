@@ -26,9 +26,6 @@ Prints one JSON object as its last line.
 
 import os
 
-# One BLAS thread unless the caller chose otherwise: on the 2-core machines we measured, a second OpenBLAS
-# thread made a GPT-2 124M decode step 22% faster when idle, 1.7x slower with one other busy process (README).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import json

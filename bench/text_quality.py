@@ -17,10 +17,6 @@
 Prints one JSON object as its last line.
 """
 
-import os
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/pair.py: one BLAS thread on a shared machine
-
 import argparse
 import json
 import math

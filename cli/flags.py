@@ -15,6 +15,7 @@ import os
 import sampling
 import utils
 from encoder import get_encoder
+from engine.threads import THREADS
 from jax_backend import backends
 from speedup import drafts
 
@@ -43,6 +44,8 @@ FLAG_HELP = {
     "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
     "batch_size": ("INT", "sequences decoded at once: B copies of the prompt, row i with seed + i (--prompt given "
                           "several times: one row each)"),
+    "threads": ("INT", "threads a matrix product may be split over, where measured faster (default: every core; 1: "
+                       "one thread, as before engine/threads.py)"),
 }
 FLAGS = tuple(FLAG_HELP)
 BOOLEAN_FLAGS = ("json", "color")
@@ -162,6 +165,13 @@ def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtyp
         raise ValueError(f"the assisted decoder is greedy: it needs --temperature 0, got {temperature!r}")
 
 
+def set_threads(threads):
+    """--threads, checked, for every product of the NumPy engine (engine/threads.py); None: every usable core."""
+    if threads is not None and (not sampling.is_integer(threads) or threads < 1):
+        raise ValueError(f"--threads must be an integer >= 1, got {threads!r}")
+    THREADS.set(None if threads is None else int(threads))
+
+
 def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
     """How many rows to decode: --batch_size, or one per --prompt; a batch's flags checked before any loading."""
     if batch_size is not None and (not sampling.is_integer(batch_size) or batch_size < 1):
@@ -226,7 +236,8 @@ def usage(main, examples):
     """What --help prints: main.py's examples, then every flag of main() with its default."""
     defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
     described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
-                          "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt"}
+                          "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt",
+                          "threads": "every usable core"}
     lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
     for name, (metavar, description) in FLAG_HELP.items():
         syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"

@@ -65,6 +65,11 @@ def print_report(result, stats, decode, use_colour, measured=None):
         print_same_text(run, result["temperature"])
     if measured is not None:
         print("\nthis machine (costs.py, measured before the runs): " + "; ".join(costs.describe(measured)))
+    engine = result.get("engine")
+    if engine:
+        layouts = f"; the target's products: {engine['target_layouts']}" if engine["target_layouts"] else ""
+        print(f"engine: {engine['threads']} thread(s) (engine/threads.py){layouts}; peak memory "
+              f"{engine['peak_memory_bytes'] / 1e9:.2f} GB")
 
 
 def print_counts(run, lookup):

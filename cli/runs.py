@@ -13,6 +13,7 @@ new tokens (as the decoders return them), `new_tokens` the new ones only, `text`
 """
 
 import os
+import resource
 import statistics
 import sys
 import time
@@ -23,6 +24,7 @@ from tqdm import tqdm
 import sampling
 from cli.flags import check_context, encode_prompt
 from engine import sampling_batched
+from engine.threads import THREADS
 from jax_backend import backends
 from speedup import costs, drafts
 
@@ -119,6 +121,14 @@ def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, 
     return result, stats
 
 
+def describe_engine(target=None):
+    """What ran the products: the threads (engine/threads.py), the target's layouts where the NumPy engine measured
+    them (engine/layouts.py), and the process's peak resident memory so far."""
+    plan = getattr(target, "plan", None)
+    return {"threads": THREADS.count, "target_layouts": plan.summary() if hasattr(plan, "summary") else None,
+            "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: kilobytes
+
+
 def describe_costs(measured):
     """costs.py's measurement for the JSON, with the lowest alpha at which some K pays here (None: none can)."""
     if measured is None:
@@ -166,6 +176,7 @@ def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, d
     result = {"prompt": prompts, "batch_size": len(rows), **flags,
               **{name: results.get(name) for name in ("autoregressive", "speculative")}}
     add_speedups(result)
+    result["engine"] = describe_engine()
     return result, stats
 
 

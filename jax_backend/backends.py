@@ -15,14 +15,15 @@ BACKENDS = ("numpy", "jax")
 JAX_MISSING = "the JAX backend needs jax: pip install jax (CPU) or pip install -U 'jax[cuda12]' (NVIDIA GPU)"
 
 
-def make_model(params, hparams, backend="numpy", dtype="float32"):
-    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode."""
+def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False):
+    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode. in_place: the NumPy model lays its
+    weights out inside params, freeing the checkpoint's matrices as it goes (gpt2.fast_layout)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "numpy":
         if dtype != "float32":
             raise ValueError(f"the numpy backend computes in float32 only, got dtype {dtype!r} (try --backend jax)")
-        return gpt2.GPT2Model(params, hparams)
+        return gpt2.GPT2Model(params, hparams, in_place=in_place)
     try:
         from jax_backend import gpt2_jax
     except ImportError as error:

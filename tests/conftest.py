@@ -3,9 +3,6 @@
 import os
 from pathlib import Path
 
-# One BLAS thread, as main.py uses (set before any test imports numpy; subprocesses inherit it)
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]

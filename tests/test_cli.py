@@ -269,6 +269,8 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--dtype", "float64"], "--dtype must be float32"),
     (["--backend", "torch"], "unknown --backend"),
     (["--repeats", "0"], "--repeats must be an integer >= 1"),
+    (["--threads", "0"], "--threads must be an integer >= 1"),
+    (["--threads", "two"], "--threads must be an integer >= 1"),
     # a flag without its value, and stray words, are refused rather than read as True or as positions
     (["hello", "5"], "unexpected argument 'hello'"),
     (["--K", "3", "5"], "unexpected argument '5'"),
@@ -334,6 +336,30 @@ def test_main_is_callable_from_python_and_returns_what_json_prints(models_dir, c
     assert again["speculative"]["new_tokens"] == result["speculative"]["new_tokens"]  # the same seed, the same tokens
     with pytest.raises(ValueError, match="--K must be"):
         main.main(K=0, models_dir=str(models_dir))
+
+
+def test_threads_one_gives_every_threads_tokens_and_the_json_names_the_engine(models_dir, capsys):
+    """--threads 1 splits no product; any thread count gives the same greedy tokens; the JSON and the report
+    name the threads, the target's layouts and the peak memory."""
+    from engine.threads import THREADS, usable_cores
+
+    runs = {}
+    try:
+        for threads in (1, 2, None):
+            runs[threads] = main.main(prompt="the cat", n_tokens_to_generate=12, draft_model_size="draft",
+                                      target_model_size="target", models_dir=str(models_dir), K=3, temperature=0,
+                                      repeats=1, json=True, threads=threads)
+        assert runs[1]["engine"]["threads"] == 1 and " on " not in runs[1]["engine"]["target_layouts"]
+        assert runs[None]["engine"]["threads"] == usable_cores()
+        for result in runs.values():
+            assert result["speculative"]["new_tokens"] == runs[1]["autoregressive"]["new_tokens"]
+            assert result["engine"]["peak_memory_bytes"] > 10e6
+        capsys.readouterr()
+        main.main(prompt="the cat", n_tokens_to_generate=6, draft_model_size="draft", target_model_size="target",
+                  models_dir=str(models_dir), repeats=1, threads=1)
+        assert "engine: 1 thread(s) (engine/threads.py); the target's products: attn.c_attn" in capsys.readouterr().out
+    finally:
+        THREADS.set(None)
 
 
 def test_colouring_keeps_a_character_split_between_runs_of_different_origins(models_dir):

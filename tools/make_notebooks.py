@@ -18,13 +18,11 @@ import argparse
 import base64
 import io
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels inherit it: one BLAS thread, as main.py uses
 
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
