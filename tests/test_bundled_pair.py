@@ -16,11 +16,11 @@ MODELS = REPO / "models"
 HELD_OUT = REPO / "tests" / "fixtures" / "heldout_sample.txt"  # two held-out documents (PSF licence)
 # Recorded when the pair was committed (models/README.md); a regression in loading or in the forward
 # pass moves these numbers.
-TARGET_PERPLEXITY_AT_MOST = 91.0  # measured 90.48
-DRAFT_PERPLEXITY_AT_MOST = 121.5  # measured 120.93
+TARGET_PERPLEXITY_AT_MOST = 53.2  # measured 52.68
+DRAFT_PERPLEXITY_AT_MOST = 79.2  # measured 78.69
 PROMPT = main.DEFAULT_PROMPT
-GREEDY_CONTINUATION = [435, 434, 430, 62, 406, 363, 294, 503, 1482, 82, 13, 389, 380, 667, 855, 755, 393, 11, 500, 363, 285,
-                       503, 1482, 82, 13, 546, 1398, 2404, 294, 380, 667, 855]
+GREEDY_CONTINUATION = [435, 434, 1990, 7, 1577, 363, 294, 503, 294, 777, 262, 690, 331, 274, 1038, 618, 331, 274, 1038, 618, 13,
+                       389, 1398, 663, 500, 25, 439, 801, 331, 274, 801, 331]
 
 
 @pytest.fixture(scope="module")
