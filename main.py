@@ -34,8 +34,9 @@ from cli.report import coloured_text, print_batch_report, print_report, wants_co
 from jax_backend import backends
 from speedup import costs, drafts
 
-# The bundled pair's first run: code it writes with accepted stretches and corrections (alpha about 0.7 at
-# K=4, temperature 0), where prompts into its loops accept nearly everything and teach nothing
+# The bundled pair's first run: code it writes with accepted stretches and corrections (alpha 0.53 at K=4,
+# temperature 0, for the pair of 25 November 2026), where prompts into its loops accept nearly everything and
+# teach nothing
 DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
