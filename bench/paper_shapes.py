@@ -36,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import gpt2  # noqa: E402
+from bench.decode import params_nbytes  # noqa: E402
 from bench.machine import blas_info, cpu_model  # noqa: E402
 from engine import layouts  # noqa: E402
 from engine.tf_checkpoint import write_atomically  # noqa: E402
@@ -63,21 +64,6 @@ def random_params(hparams, rng):
                      "ln_2": norm(), "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)}}
     return {"wte": normal(hparams["n_vocab"], n_embd), "wpe": normal(hparams["n_ctx"], n_embd),
             "blocks": [block() for _ in range(hparams["n_layer"])], "ln_f": norm()}
-
-
-def weights_bytes(params):
-    return sum(leaf.nbytes for leaf in leaves(params))
-
-
-def leaves(tree):
-    if isinstance(tree, dict):
-        for value in tree.values():
-            yield from leaves(value)
-    elif isinstance(tree, list):
-        for value in tree:
-            yield from leaves(value)
-    else:
-        yield tree
 
 
 def read_gbps(threads, rng, repeats=7, k=8192, n=8192):
@@ -113,7 +99,7 @@ def run_numpy(target_size, threads, seed=0):
     for role, size in (("draft", "124M"), ("target", target_size)):
         hparams = hparams_of(size)
         params = random_params(hparams, rng)
-        nbytes[role] = weights_bytes(params)
+        nbytes[role] = params_nbytes(params)
         plans[role] = layouts.measure_plan(params).summary()
         models[role] = gpt2.GPT2Model(params, hparams, in_place=True)  # the checkpoint's matrices freed as laid out
         del params

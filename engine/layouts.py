@@ -30,6 +30,7 @@ each, views of the same layout, no copy): a way of multiplying is a layout and a
 "panels" for one thread and "panels on 2 threads" for two, and the plan names the way for each row count.
 """
 
+import math
 import os
 import statistics
 import time
@@ -366,7 +367,7 @@ def measure_plan(params):
 
         plans = {role: plan(role) for role in ROLES}
         weights = sum(role_bytes.values())
-        budget = COPY_BUDGET * weights if weights > LARGE_MODEL * physical_memory_bytes() else weights
+        budget = COPY_BUDGET * weights if weights > LARGE_MODEL * physical_memory_bytes() else math.inf
         copied = sorted((role for role in ROLES if len(plans[role].kept) > 1), key=lambda role: role_bytes[role])
         for role in copied:  # the smallest copies first: the most roles sped up for the memory
             if role_bytes[role] <= budget:

@@ -251,3 +251,22 @@ def test_batch_bench_smoke_run_of_the_device_loops_on_the_cpu():
     assert min(result["autoregressive_tokens_per_s"] + result["speculative_tokens_per_s"]) > 0
     assert row["loop_steps"] == pytest.approx(row["loop_ms"] / row["step_ms"])
     assert 0 < row["expected_speedup_a0.6"] < row["expected_speedup_a0.8"]
+
+
+def test_paper_shapes_draws_gpt2s_tree_in_float32_and_prices_every_alpha_and_K():
+    paper_shapes = load_bench("paper_shapes")
+    hparams = dict(n_vocab=50, n_ctx=16, n_embd=8, n_head=2, n_layer=2)
+    params = paper_shapes.random_params(hparams, np.random.default_rng(0))
+    reference = gpt2.init_params(hparams, np.random.default_rng(0))
+    assert params.keys() == reference.keys() and len(params["blocks"]) == 2
+    for block, expected in zip(params["blocks"], reference["blocks"]):
+        for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
+            w = block[group][layer]["w"]
+            assert w.shape == expected[group][layer]["w"].shape and w.dtype == np.float32
+            assert 0.015 < float(w.std()) < 0.025 or w.size < 200
+    assert params["wte"].dtype == np.float32 and params["wte"].shape == (50, 8)
+    assert paper_shapes.hparams_of("1558M") == dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48)
+    measured = costs.MeasuredCosts(0.1, 0.01, (1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.6))
+    grid = paper_shapes.expected_speedups(measured)
+    assert list(grid) == ["0.6", "0.7", "0.8", "0.9"] and list(grid["0.8"]) == [str(K) for K in range(1, 9)]
+    assert grid["0.8"]["4"] == round(measured.expected_speedup(0.8, 4), 3)
