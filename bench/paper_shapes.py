@@ -4,8 +4,8 @@ Chen et al. pair a small draft with a target many times its size; on a CPU the t
 reading its weights from memory, so scoring K + 1 tokens can cost about one step. This measures, with no
 download (random weights of OpenAI's shapes, float32), for each target at one thread and at every core:
 
-- the target's decode step against the read roofline (its weights over the fastest any layout reads one row
-  through an 8192 x 8192 matrix with the same threads, measured in the same process);
+- the target's decode step against the read roofline (its weights over the fastest any way of multiplying
+  reads one row through an 8192 x 8192 matrix with the same threads, measured in the same process);
 - v(m), m = 1..9, what scoring m new tokens after a 64-token cached prefix costs in decode steps, and c, the
   draft's step over the target's (costs.measure_costs, as main.py measures them);
 - the formula's expected speedup for alpha 0.6-0.9 and K 1-8 at those costs, and the layouts and threads
@@ -40,7 +40,7 @@ from bench.decode import params_nbytes  # noqa: E402
 from bench.machine import blas_info, cpu_model  # noqa: E402
 from engine import layouts  # noqa: E402
 from engine.tf_checkpoint import write_atomically  # noqa: E402
-from engine.threads import THREADS, SplitMatrix, usable_cores  # noqa: E402
+from engine.threads import THREADS, usable_cores  # noqa: E402
 from speedup import costs  # noqa: E402
 
 SHAPES = {"124M": (768, 12, 12), "355M": (1024, 24, 16), "774M": (1280, 36, 20), "1558M": (1600, 48, 25)}
@@ -67,18 +67,19 @@ def random_params(hparams, rng):
 
 
 def read_gbps(threads, rng, repeats=7, k=8192, n=8192):
-    """The fastest one row is read through an 8192 x 8192 float32 matrix in any layout, on `threads` threads."""
+    """The fastest one row is read through an 8192 x 8192 float32 matrix in any layout, on `threads` threads (split
+    by us or, for the plain layouts, by BLAS: every way layouts.measure_plan may choose)."""
     w = rng.standard_normal((k, n), dtype=np.float32)
     x = rng.standard_normal((1, k), dtype=np.float32)
     best = 0.0
-    for layout in layouts.LAYOUTS:
-        stored = layouts.laid_out(w, layout)
-        product = stored if threads == 1 else SplitMatrix(stored, threads)
+    for name in layouts.ways(threads):
+        product = layouts.multiplier(layouts.laid_out(w, layouts.layout_and_threads(name)[0]), name)
+        THREADS.use_blas_threads(layouts.on_blas_threads(name))
         for _ in range(repeats):
             start = time.perf_counter()
             x @ product
             best = max(best, w.nbytes / (time.perf_counter() - start) / 1e9)
-        del stored, product
+        del product
     return best
 
 
@@ -196,7 +197,7 @@ def run_all(args):
             result["decode_step_over_transformers"] = round(result["decode_step_ms"] / hf[0]["decode_step_ms"], 3)
     summary = {"benchmark": "GPT-2 124M drafting for larger GPT-2 shapes, random float32 weights, batch 1, CPU",
                "statistic": f"costs.measure_costs after a {PREFIX}-token prefix: medians of interleaved rounds "
-                            "(10 s or more per configuration); read_GBps the best of 7 per layout",
+                            "(10 s or more per configuration); read_GBps the best of 7 per way of multiplying",
                "results": results,
                "machine": {"cpu": cpu_model(), "cores": usable_cores(), "numpy": np.__version__, "blas": blas_info(),
                            "python": platform.python_version(), "load_average_at_end": os.getloadavg()}}

@@ -26,10 +26,12 @@ for several) where that gains enough, and how many rows to feed for m where padd
 all this.
 
 Each layout is also timed split across every core (engine/threads.py: the matrix's column groups, one thread
-each, views of the same layout, no copy): a way of multiplying is a layout and a thread count, written
-"panels" for one thread and "panels on 2 threads" for two, and the plan names the way for each row count.
+each, views of the same layout, no copy), and the column-major one on BLAS's own threads: a way
+of multiplying is a layout and how it is threaded, written "panels" for one thread, "panels on 2 threads" for
+our split in two and "column-major on 2 BLAS threads", and the plan names the way for each row count.
 """
 
+import dataclasses
 import math
 import os
 import statistics
@@ -39,9 +41,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.panels import PANEL_WIDTH, ColumnMajorPanels, ColumnPanels
-from engine.threads import THREADS, SplitMatrix
+from engine.threads import THREADS, BlasThreaded, SplitMatrix
 
 LAYOUTS = ("row-major", "column-major", "panels", "wide-panels", "column-panels")
+# What is offered to BLAS's own threads: column-major only, the storage column-panels are views of, so that one
+# copy serves one row on BLAS's threads and several rows in panels (a stack of panels is many small products,
+# which BLAS does not thread). Row-major on BLAS's threads read GPT-2 1558M's matrices no faster (within 4%, Xeon).
+BLAS_LAYOUTS = ("column-major",)
+# BLAS's threads are offered only to a model whose weights stream from memory: an idle OpenBLAS thread spins beside
+# whatever runs next, and on the bundled pair (24 MB) they won their per-matrix timings yet lowered the pair's
+# speedups (K = 1: 1.07-1.11x against 1.15-1.18x, measured alternating on the Intel Xeon, family 6, model 167)
+STREAMING_BYTES = 64 * 2**20
 STORED_AS = {"column-panels": "column-major"}  # a layout that is a view of another's storage
 ROLES = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "unembedding")  # the matrices a block and the head read
 MAX_ROWS = 16  # the largest block measured: K + 1 for K up to 15 (more rows use the layout measured for 16)
@@ -68,19 +78,35 @@ def laid_out(w, layout):
     return ColumnPanels(w)
 
 
-def way(layout, threads=1):
-    """The name of a way to multiply: a layout, on one thread or split over several (engine/threads.py)."""
-    return layout if threads == 1 else f"{layout} on {threads} threads"
+def way(layout, threads=1, blas=False):
+    """The name of a way to multiply: a layout, on one thread, split over several by us, or on BLAS's threads."""
+    return layout if threads == 1 else f"{layout} on {threads} {'BLAS ' if blas else ''}threads"
 
 
-def ways(threads):
-    """Every way measured with `threads` threads available: each layout on one thread, and on all of them."""
-    return LAYOUTS + tuple(way(layout, threads) for layout in LAYOUTS if threads > 1)
+def ways(threads, blas=None):
+    """Every way measured with `threads` threads available: each layout on one thread and split over all of
+    them, and the plain layouts on BLAS's threads (blas: default, where THREADS can use them)."""
+    blas = THREADS.blas_threading if blas is None else blas
+    split = tuple(way(layout, threads) for layout in LAYOUTS) if threads > 1 else ()
+    return LAYOUTS + split + (tuple(way(layout, threads, blas=True) for layout in BLAS_LAYOUTS) if blas and threads > 1 else ())
 
 
-def layout_and_threads(name):  # "panels on 2 threads" -> ("panels", 2)
+def layout_and_threads(name):  # "panels on 2 threads" -> ("panels", 2); "column-major on 2 BLAS threads" likewise
     layout, _, threads = name.partition(" on ")
     return layout, int(threads.split()[0]) if threads else 1
+
+
+def on_blas_threads(name):  # whether a way runs on BLAS's own threads
+    return name.endswith(" BLAS threads")
+
+
+def multiplier(stored, name):
+    """What multiplies by the way `name`, for a matrix already laid out in its layout's storage (stored_as)."""
+    layout, threads = layout_and_threads(name)
+    stored = ColumnMajorPanels(stored) if layout == "column-panels" and not isinstance(stored, ColumnMajorPanels) else stored
+    if threads == 1:
+        return stored
+    return BlasThreaded(stored) if on_blas_threads(name) else SplitMatrix(stored, threads)
 
 
 def native_layout(w):  # the layout w already lies in, if any
@@ -165,17 +191,14 @@ class PlannedMatrix:
         self.nbytes = sum(stored.nbytes for stored in self.stored.values())
         multipliers = {}  # way -> what multiplies: a stored layout, or column groups of it on several threads
 
-        def multiplier(name):
+        def multiplier_of(name):
             if name not in multipliers:
-                layout, threads = layout_and_threads(name)
-                stored = self.stored[stored_as(layout)]
-                stored = ColumnMajorPanels(stored) if layout == "column-panels" else stored
-                multipliers[name] = stored if threads == 1 else SplitMatrix(stored, threads)
+                multipliers[name] = multiplier(self.stored[stored_as(layout_and_threads(name)[0])], name)
             return multipliers[name]
 
         # looked up once per product, so a decode step pays one list index: m -> (rows to feed, what multiplies them)
-        self.by_rows = [None] + [(plan.rows(m), multiplier(plan.layout(plan.rows(m)))) for m in range(1, MAX_ROWS + 1)]
-        self.for_more_rows = multiplier(plan.layout(MAX_ROWS))
+        self.by_rows = [None] + [(plan.rows(m), multiplier_of(plan.layout(plan.rows(m)))) for m in range(1, MAX_ROWS + 1)]
+        self.for_more_rows = multiplier_of(plan.layout(MAX_ROWS))
 
     def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
         m = len(x)
@@ -300,23 +323,23 @@ def probe(matrices, probe_bytes=PROBE_BYTES):
     return chosen
 
 
-def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=None):
+def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=None, blas=None):
     """{role: ({way: [median time of m rows through the role's probe, m = 1 .. MAX_ROWS]}, {way: [(fastest,
     slowest) round]})}, in units of the role's median one row in its native layout (about four seconds for GPT-2
     124M's probes, a second for the bundled pair's on the Zen 3, twice that with a split on two threads).
 
-    The ways are every layout on one thread and, with threads > 1 (default: THREADS.count), split over that many.
+    The ways are every layout on one thread and, with threads > 1 (default: THREADS.count), split over that many
+    and, unless blas is False (ways), on that many BLAS threads.
     Within each round the row counts, the ways and the roles interleave, so that the machine's drift touches
     them alike and each role's matrices come from memory (the others pass through the cache in between); a
     first round warms up and is not kept. One row, the decode step, is timed one_row_rounds times in all: its
     choice matters most, and it is the cheapest to time."""
     threads = THREADS.count if threads is None else threads
-    names = ways(threads)
+    names = ways(threads, blas)
     stored = {}
     for role, matrices in probes.items():
         laid = {layout: [laid_out(w, layout) for w in matrices] for layout in LAYOUTS}
-        stored[role] = {name: laid[layout] if n == 1 else [SplitMatrix(w, n) for w in laid[layout]]
-                        for name, (layout, n) in ((name, layout_and_threads(name)) for name in names)}
+        stored[role] = {name: [multiplier(w, name) for w in laid[layout_and_threads(name)[0]]] for name in names}
     rng = np.random.default_rng(seed)
     rows = {n_in: rng.standard_normal((MAX_ROWS, n_in)).astype(np.float32)
             for matrices in probes.values() for n_in in {w.shape[0] for w in matrices}}
@@ -325,6 +348,7 @@ def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=
         for m in range(1, MAX_ROWS + 1):
             for _ in range(-(-one_row_rounds // rounds) if m == 1 else 1):
                 for name in names:
+                    THREADS.use_blas_threads(on_blas_threads(name))  # started or stopped outside the timing
                     for role in probes:
                         start = time.perf_counter()
                         for w in stored[role][name]:
@@ -342,6 +366,16 @@ def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=
     return result
 
 
+def on_blas_threads_pays(measured, role_bytes, rows):
+    """Whether BLAS's own threads multiply these row counts (mean cost) faster than any other way, over all the
+    roles together: each role's cost in its own unit (a time through its probe) weighted by its bytes."""
+    def total(blas):
+        return sum(role_bytes[role] * min((statistics.mean(costs[name][m - 1] for m in rows)
+                                           for name in costs if on_blas_threads(name) == blas), default=math.inf)
+                   for role, (costs, _) in measured.items())
+    return total(True) < total(False)
+
+
 MEASURED_PLANS = {}  # measured once per process for each set of weight shapes and thread count
 COPY_BUDGET = 0.25  # second layouts of a large model's matrices may take at most this share of its weights
 LARGE_MODEL = 1 / 16  # a model whose weights take more than this share of the machine's memory is large
@@ -353,26 +387,45 @@ def measure_plan(params):
 
     A second layout of a role's matrices (one for one row, another for several) is kept only where it pays; for a
     large model (LARGE_MODEL) all such copies together must also stay within COPY_BUDGET of its weights, the
-    smallest first: GPT-2 1558M held twice (13 GB) would not fit many laptops, the bundled pair's 24 MB would."""
+    smallest first: GPT-2 1558M held twice (13 GB) would not fit many laptops, the bundled pair's 24 MB would.
+
+    BLAS's own threads, offered to a model over STREAMING_BYTES, serve one row (and, apart, several rows) in every
+    role or in none, whichever costs less over the whole model: a pass that took turns between them and our split would stop and start OpenBLAS's threads
+    at every product (engine/threads.py)."""
     matrices = role_matrices(params)
     shapes = tuple(w.shape for role in ROLES for w in matrices[role]) + (THREADS.count,)
     if shapes not in MEASURED_PLANS:
-        measured = measure_costs_by_layout({role: probe(matrices[role]) for role in ROLES})
         role_bytes = {role: sum(w.nbytes for w in matrices[role]) for role in ROLES}
+        offered = THREADS.blas_threading and sum(role_bytes.values()) > STREAMING_BYTES
+        measured = measure_costs_by_layout({role: probe(matrices[role]) for role in ROLES}, blas=offered)
+        blas = {rows: offered and on_blas_threads_pays(measured, role_bytes, rows) for rows in ((1,), VERIFY_ROWS)}
 
-        def plan(role, second_copy=True):
-            costs, spread = measured[role]
-            return plan_from_costs(costs, weights_bytes=role_bytes[role], spread=spread,
-                                   native=native_layout(matrices[role][0]), second_copy=second_copy)
+        def plan(role, second_copy=True, blas=blas):
+            costs, spread = measured[role]  # a way on the wrong side of the model's BLAS choice costs infinitely much
+            allowed = lambda name, m: on_blas_threads(name) == blas[(1,) if m == 1 else VERIFY_ROWS]
+            masked, masked_spread = ({name: [cost if allowed(name, m) else (math.inf if times is costs else (math.inf,) * 2)
+                                             for m, cost in enumerate(by_rows, 1)] for name, by_rows in times.items()}
+                                     for times in (costs, spread))
+            chosen = plan_from_costs(masked, weights_bytes=role_bytes[role], spread=masked_spread,
+                                     native=native_layout(matrices[role][0]), second_copy=second_copy)
+            return dataclasses.replace(chosen, costs={name: tuple(by_rows) for name, by_rows in costs.items()})
 
-        plans = {role: plan(role) for role in ROLES}
-        weights = sum(role_bytes.values())
-        budget = COPY_BUDGET * weights if weights > LARGE_MODEL * physical_memory_bytes() else math.inf
-        copied = sorted((role for role in ROLES if len(plans[role].kept) > 1), key=lambda role: role_bytes[role])
-        for role in copied:  # the smallest copies first: the most roles sped up for the memory
-            if role_bytes[role] <= budget:
-                budget -= role_bytes[role]
-            else:
-                plans[role] = plan(role, second_copy=False)
+        def plans_within_budget(blas):
+            plans = {role: plan(role, blas=blas) for role in ROLES}
+            weights = sum(role_bytes.values())
+            budget = COPY_BUDGET * weights if weights > LARGE_MODEL * physical_memory_bytes() else math.inf
+            copied = sorted((role for role in ROLES if len(plans[role].kept) > 1), key=lambda role: role_bytes[role])
+            for role in copied:  # the smallest copies first: the most roles sped up for the memory
+                if role_bytes[role] <= budget:
+                    budget -= role_bytes[role]
+                else:
+                    plans[role] = plan(role, second_copy=False, blas=blas)
+            return plans
+
+        plans = plans_within_budget(blas)
+        chosen = tuple(blas[(1,) if m == 1 else VERIFY_ROWS] for m in range(1, MAX_ROWS + 1))
+        if any(tuple(on_blas_threads(plans[role].layout(plans[role].rows(m))) for m in range(1, MAX_ROWS + 1)) != chosen
+               for role in ROLES):  # a copy refused, or a padded block, broke the model's choice: then no BLAS threads
+            plans = plans_within_budget({(1,): False, VERIFY_ROWS: False})
         MEASURED_PLANS[shapes] = ModelPlan(plans)
     return MEASURED_PLANS[shapes]

@@ -14,9 +14,19 @@ a pair of locks instead of the pool measured no faster in a decode step).
 
 Whether a split pays is measured, per matrix role and row count, with the layouts (layouts.measure_plan):
 for GPT-2 1558M nearly everywhere, for the bundled pair's small matrices rarely.
+
+For one row BLAS's own threads can be faster still: OpenBLAS's idle threads spin instead of sleeping, so it
+hands work over in about a microsecond. On a 2-core Intel Xeon (family 6, model 167, SkylakeX kernels) a decode
+step through 16 layers of GPT-2 1558M's matrices took 82 ms on two BLAS threads (column-major) against 92 ms
+split by us. So `BlasThreaded` is a third way to multiply, measured like the others: BLAS on THREADS.count
+threads for that one product, and back to one thread after it. The spinning has a price: for about a tenth of
+a second after such a product OpenBLAS's idle thread holds a core, and a split product in that time took 160
+ms instead of 112 (5 rows). So a split product first shuts OpenBLAS's threads down (60-130 microseconds,
+once after a run of BLAS-threaded products), and a plan uses BLAS's threads in every matrix of a pass or in none.
 """
 
 import ctypes
+import functools
 import glob
 import operator
 import os
@@ -32,16 +42,24 @@ def usable_cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def openblas_call(name, restype, *args):
-    """openblas_<name>(*args) of the OpenBLAS bundled in numpy.libs (already loaded by NumPy), or None."""
+@functools.lru_cache(maxsize=None)
+def openblas_function(name, restype):
+    """openblas_<name> (or OpenBLAS's internal <name>) of the OpenBLAS bundled in numpy.libs (already loaded by
+    NumPy), or None where NumPy has no OpenBLAS of its own."""
     for library in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
         handle = ctypes.CDLL(library)
-        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}"):
+        for symbol in (f"scipy_openblas_{name}64_", f"scipy_openblas_{name}", f"openblas_{name}64_", f"openblas_{name}", name):
             if hasattr(handle, symbol):
                 function = getattr(handle, symbol)
                 function.restype = restype
-                return function(*args)
+                return function
     return None
+
+
+def openblas_call(name, restype, *args):
+    """openblas_<name>(*args), or None where NumPy has no OpenBLAS of its own."""
+    function = openblas_function(name, restype)
+    return None if function is None else function(*args)
 
 
 class Threads:
@@ -49,14 +67,39 @@ class Threads:
 
     def __init__(self, count=None):
         self.count, self.pool = 1, None
+        self.blas_awake = True  # whether OpenBLAS's own threads may be running (spinning when idle)
+        set_threads = openblas_function("set_num_threads", None)
+        self.blas_set = (lambda n: set_threads(ctypes.c_int(n))) if set_threads else None
+        self.blas_start = openblas_function("blas_thread_init", ctypes.c_int)
+        self.blas_stop = openblas_function("blas_thread_shutdown_", ctypes.c_int)
         self.set(count)
+
+    @property
+    def blas_threading(self):  # whether BlasThreaded can work here: NumPy's own OpenBLAS, and several threads
+        return self.count > 1 and None not in (self.blas_set, self.blas_start, self.blas_stop)
+
+    def use_blas_threads(self, wanted):
+        """Start OpenBLAS's threads before BLAS-threaded products (so that none pays for starting them), or shut
+        them down before anything else runs on the other cores (so that none spins beside it)."""
+        if wanted != self.blas_awake and self.blas_stop is not None:
+            (self.blas_start if wanted else self.blas_stop)()
+            self.blas_awake = wanted
+
+    def blas_product(self, x, w):  # x @ w on BLAS's own self.count threads, then BLAS back at one thread
+        self.use_blas_threads(True)
+        self.blas_set(self.count)
+        try:
+            return x @ w
+        finally:
+            self.blas_set(1)
 
     def set(self, count=None):
         """Use `count` threads (default: every usable core); 1 means no split anywhere."""
         count = usable_cores() if count is None else count
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"the number of threads must be a positive integer, got {count!r}")
-        openblas_call("set_num_threads", None, ctypes.c_int(1))  # BLAS's own threads would compete with ours
+        if self.blas_set:
+            self.blas_set(1)  # BLAS's own threads would compete with ours (BlasThreaded uses them one product at a time)
         if count != self.count or self.pool is None and count > 1:
             if self.pool is not None:
                 self.pool.shutdown()
@@ -90,8 +133,21 @@ class SplitMatrix:
 
     def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
         pool = THREADS.pool
+        THREADS.use_blas_threads(False)  # an idle OpenBLAS thread would spin on a core our groups need
         if pool is None or len(self.groups) == 1:  # threads set to 1 after the split was built: same numbers, serially
             return np.concatenate([x @ group for group in self.groups], axis=1)
         others = [pool.submit(operator.matmul, x, group) for group in self.groups[1:]]
         first = x @ self.groups[0]
         return np.concatenate([first, *(product.result() for product in others)], axis=1)
+
+
+class BlasThreaded:
+    """w [n_in, n_out] (an array) multiplied by BLAS on all of THREADS' threads: `x @ blas_threaded` gives x @ w."""
+
+    __array_ufunc__ = None  # makes NumPy hand `x @ blas_threaded` to __rmatmul__
+
+    def __init__(self, w):
+        self.w, self.shape, self.dtype, self.nbytes = w, w.shape, w.dtype, 0  # w's memory is w's
+
+    def __rmatmul__(self, x):  # [m, n_in] @ [n_in, n_out] -> [m, n_out]
+        return THREADS.blas_product(x, self.w)

@@ -161,11 +161,11 @@ def test_measured_plan_is_valid_and_measured_once_per_shapes():
     hparams = dict(n_vocab=300, n_ctx=32, n_embd=64, n_head=4, n_layer=2)
     params = random_params(hparams, seed=0)
     layouts.MEASURED_PLANS.clear()
-    plan = layouts.measure_plan(params)
+    plan = layouts.measure_plan(params)  # a small model: BLAS's threads are not offered (layouts.STREAMING_BYTES)
     assert set(plan.plans) == set(layouts.ROLES)
     for role, group in plan.plans.items():
         assert len(group.layouts) == len(group.rows_to_feed) == layouts.MAX_ROWS
-        assert set(group.costs) == set(layouts.ways(THREADS.count)) and all(cost > 0 for costs in group.costs.values() for cost in costs)
+        assert set(group.costs) == set(layouts.ways(THREADS.count, blas=False)) and all(cost > 0 for costs in group.costs.values() for cost in costs)
         native = "column-major" if role == "unembedding" else "row-major"
         assert group.costs[native][0] == pytest.approx(1.0)  # the unit: one row in the layout the matrix lies in
     assert layouts.measure_plan(random_params(hparams, seed=1)) is plan  # the same shapes: not measured again

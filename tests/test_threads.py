@@ -2,20 +2,27 @@
 and the model's logits stay the plain path's across rollbacks; one thread measures and builds exactly what it
 did before threads existed; in_place frees the checkpoint's matrices as it lays them out."""
 
+import ctypes
+
 import numpy as np
 import pytest
 
 import gpt2
 from engine import layouts
 from engine import threads
-from engine.threads import THREADS, SplitMatrix, column_groups
+from engine.threads import THREADS, BlasThreaded, SplitMatrix, column_groups
 from gpt2_cases import random_params
 
 # one row split in two row-major halves, several rows in three groups of panels (more groups than a 2-core
 # machine has threads: the third waits for a free one) or in two of column panels
 SPLIT_PLAN = layouts.LayoutPlan(("row-major on 2 threads",) + ("panels on 3 threads",) * 7
                                 + ("column-panels on 2 threads",) * 8, (1, 3, *range(3, 17)))
+# one row on BLAS's own threads (column-major), several split by us in column panels of the same storage
+BLAS_PLAN = layouts.LayoutPlan(("column-major on 2 BLAS threads",) + ("column-panels on 2 threads",) * 15,
+                               tuple(range(1, 17)))
 HPARAMS = dict(n_vocab=70, n_ctx=40, n_embd=64, n_head=4, n_layer=2)
+needs_blas_threads = pytest.mark.skipif(not threads.Threads(2).blas_threading,
+                                        reason="NumPy here has no OpenBLAS of its own to thread")
 
 
 def test_column_groups_cover_the_columns_in_aligned_runs():
@@ -55,6 +62,74 @@ def test_split_plans_give_the_plain_paths_logits_across_rollbacks(n):
         logits = model.logits(x, n_last=n_last)
         assert logits.dtype == np.float32
         np.testing.assert_allclose(logits, plain.logits(x, n_last=n_last), rtol=1e-5, atol=1e-5)
+
+
+@needs_blas_threads
+@pytest.mark.parametrize("layout", layouts.BLAS_LAYOUTS)
+def test_blas_threaded_products_give_the_matrix_product_and_leave_blas_at_one_thread(layout):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((300, 2000), dtype=np.float32)  # large enough for OpenBLAS to use its threads
+    count = THREADS.count
+    try:
+        THREADS.set(2)
+        product = layouts.multiplier(layouts.laid_out(w, layout), layouts.way(layout, 2, blas=True))
+        assert isinstance(product, BlasThreaded) and product.nbytes == 0
+        for m in range(1, 17):
+            x = rng.standard_normal((m, 300), dtype=np.float32)
+            result = x @ product
+            assert result.dtype == np.float32 and THREADS.blas_awake
+            np.testing.assert_allclose(result, x @ w, rtol=1e-5, atol=1e-4)
+            assert threads.openblas_call("get_num_threads", ctypes.c_int) == 1  # other products stay on one thread
+        x @ SplitMatrix(w, 2)
+        assert not THREADS.blas_awake  # a split product stops OpenBLAS's threads first: none spins beside it
+    finally:
+        THREADS.set(count)
+
+
+@needs_blas_threads
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_blas_threaded_plans_give_the_plain_paths_logits_across_rollbacks(n):
+    count = THREADS.count
+    try:
+        THREADS.set(2)
+        params = random_params(HPARAMS, seed=n)
+        tokens = np.random.default_rng(n).integers(0, HPARAMS["n_vocab"], size=HPARAMS["n_ctx"])
+        diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % HPARAMS["n_vocab"]])
+        plain = gpt2.GPT2Model(params, HPARAMS, layout="plain")
+        model = gpt2.GPT2Model(params, HPARAMS, layout=BLAS_PLAN)
+        assert isinstance(model.params["blocks"][0]["mlp"]["c_fc"]["w"].by_rows[1][1], BlasThreaded)
+        assert BLAS_PLAN.kept == ("column-major",)  # one copy serves both ways
+        for x, n_last in [(tokens[:7], 1), (tokens[:7 + n], n), (diverged[:4 + n], n), (tokens[:9], 1), (tokens, 1)]:
+            logits = model.logits(x, n_last=n_last)
+            assert logits.dtype == np.float32
+            np.testing.assert_allclose(logits, plain.logits(x, n_last=n_last), rtol=1e-5, atol=1e-5)
+    finally:
+        THREADS.set(count)
+
+
+def test_blas_threads_serve_a_row_count_in_every_role_or_in_none():
+    roles = {role: 1.0 for role in layouts.ROLES}
+    split, blas = "column-panels on 2 threads", "column-major on 2 BLAS threads"
+    measured = {role: ({split: [1.0] * 16, blas: [0.8] + [3.0] * 15}, None) for role in roles}
+    assert layouts.on_blas_threads_pays(measured, roles, (1,)) and not layouts.on_blas_threads_pays(
+        measured, roles, layouts.VERIFY_ROWS)
+    measured["mlp.c_fc"] = ({split: [1.0] * 16, blas: [1.5] + [3.0] * 15}, None)  # one role's loss, weighed by bytes
+    assert layouts.on_blas_threads_pays(measured, roles, (1,))
+    assert not layouts.on_blas_threads_pays(measured, {**roles, "mlp.c_fc": 10.0}, (1,))
+
+
+@needs_blas_threads
+def test_a_measured_plan_uses_blas_threads_for_a_row_count_in_every_role_or_in_none(monkeypatch):
+    monkeypatch.setattr(layouts, "STREAMING_BYTES", 0)  # offered to this small model too
+    count = THREADS.count
+    try:
+        THREADS.set(2)
+        plan = layouts.measure_plan(random_params(dict(HPARAMS, n_embd=128, n_layer=3), seed=2))
+        assert all("column-major on 2 BLAS threads" in plan[role].costs for role in layouts.ROLES)  # measured
+        for m in range(1, 17):
+            assert len({layouts.on_blas_threads(plan[role].layout(plan[role].rows(m))) for role in layouts.ROLES}) == 1
+    finally:
+        THREADS.set(count)
 
 
 def test_one_thread_measures_and_builds_no_split():
