@@ -376,6 +376,18 @@ def on_blas_threads_pays(measured, role_bytes, rows):
     return total(True) < total(False)
 
 
+def on_one_side(times, blas, never):
+    """times {way: [per row count m]} with `never` for every way on the other side of the model's choice, blas:
+    {(1,): BLAS's threads for one row?, VERIFY_ROWS: for several?}: plan_from_costs then chooses on that side."""
+    side = lambda m: blas[(1,) if m == 1 else VERIFY_ROWS]
+    return {name: [time if on_blas_threads(name) == side(m) else never for m, time in enumerate(by_rows, 1)]
+            for name, by_rows in times.items()}
+
+
+def blas_by_rows(plan):  # whether the plan multiplies m rows on BLAS's threads, m = 1 .. MAX_ROWS
+    return tuple(on_blas_threads(plan.layout(plan.rows(m))) for m in range(1, MAX_ROWS + 1))
+
+
 MEASURED_PLANS = {}  # measured once per process for each set of weight shapes and thread count
 COPY_BUDGET = 0.25  # second layouts of a large model's matrices may take at most this share of its weights
 LARGE_MODEL = 1 / 16  # a model whose weights take more than this share of the machine's memory is large
@@ -390,8 +402,8 @@ def measure_plan(params):
     smallest first: GPT-2 1558M held twice (13 GB) would not fit many laptops, the bundled pair's 24 MB would.
 
     BLAS's own threads, offered to a model over STREAMING_BYTES, serve one row (and, apart, several rows) in every
-    role or in none, whichever costs less over the whole model: a pass that took turns between them and our split would stop and start OpenBLAS's threads
-    at every product (engine/threads.py)."""
+    role or in none, whichever costs less over the whole model: a pass that took turns between them and our split
+    would stop and start OpenBLAS's threads at every product (engine/threads.py)."""
     matrices = role_matrices(params)
     shapes = tuple(w.shape for role in ROLES for w in matrices[role]) + (THREADS.count,)
     if shapes not in MEASURED_PLANS:
@@ -401,12 +413,9 @@ def measure_plan(params):
         blas = {rows: offered and on_blas_threads_pays(measured, role_bytes, rows) for rows in ((1,), VERIFY_ROWS)}
 
         def plan(role, second_copy=True, blas=blas):
-            costs, spread = measured[role]  # a way on the wrong side of the model's BLAS choice costs infinitely much
-            allowed = lambda name, m: on_blas_threads(name) == blas[(1,) if m == 1 else VERIFY_ROWS]
-            masked, masked_spread = ({name: [cost if allowed(name, m) else (math.inf if times is costs else (math.inf,) * 2)
-                                             for m, cost in enumerate(by_rows, 1)] for name, by_rows in times.items()}
-                                     for times in (costs, spread))
-            chosen = plan_from_costs(masked, weights_bytes=role_bytes[role], spread=masked_spread,
+            costs, spread = measured[role]
+            chosen = plan_from_costs(on_one_side(costs, blas, math.inf), weights_bytes=role_bytes[role],
+                                     spread=on_one_side(spread, blas, (math.inf, math.inf)),
                                      native=native_layout(matrices[role][0]), second_copy=second_copy)
             return dataclasses.replace(chosen, costs={name: tuple(by_rows) for name, by_rows in costs.items()})
 
@@ -424,8 +433,7 @@ def measure_plan(params):
 
         plans = plans_within_budget(blas)
         chosen = tuple(blas[(1,) if m == 1 else VERIFY_ROWS] for m in range(1, MAX_ROWS + 1))
-        if any(tuple(on_blas_threads(plans[role].layout(plans[role].rows(m))) for m in range(1, MAX_ROWS + 1)) != chosen
-               for role in ROLES):  # a copy refused, or a padded block, broke the model's choice: then no BLAS threads
-            plans = plans_within_budget({(1,): False, VERIFY_ROWS: False})
+        if any(blas_by_rows(plans[role]) != chosen for role in ROLES):  # a copy refused, or a block padded across
+            plans = plans_within_budget({(1,): False, VERIFY_ROWS: False})  # the choice, broke it: no BLAS threads
         MEASURED_PLANS[shapes] = ModelPlan(plans)
     return MEASURED_PLANS[shapes]
