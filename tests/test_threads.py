@@ -50,19 +50,23 @@ def test_split_products_give_the_matrix_product(layout, shape):
             np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("n", range(1, 17))
-def test_split_plans_give_the_plain_paths_logits_across_rollbacks(n):
+def assert_plain_logits_across_rollbacks(plan, n, multiplier_type):
+    """The model built with `plan` gives the plain path's logits, n rows at a time, across rollbacks."""
     params = random_params(HPARAMS, seed=n)
     tokens = np.random.default_rng(n).integers(0, HPARAMS["n_vocab"], size=HPARAMS["n_ctx"])
     diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % HPARAMS["n_vocab"]])
     plain = gpt2.GPT2Model(params, HPARAMS, layout="plain")
-    model = gpt2.GPT2Model(params, HPARAMS, layout=SPLIT_PLAN)
-    assert isinstance(model.params["blocks"][0]["mlp"]["c_fc"]["w"].by_rows[1][1], SplitMatrix)
+    model = gpt2.GPT2Model(params, HPARAMS, layout=plan)
+    assert isinstance(model.params["blocks"][0]["mlp"]["c_fc"]["w"].by_rows[1][1], multiplier_type)
     for x, n_last in [(tokens[:7], 1), (tokens[:7 + n], n), (diverged[:4 + n], n), (tokens[:9], 1), (tokens, n)]:
         logits = model.logits(x, n_last=n_last)
         assert logits.dtype == np.float32
         np.testing.assert_allclose(logits, plain.logits(x, n_last=n_last), rtol=1e-5, atol=1e-5)
 
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_split_plans_give_the_plain_paths_logits_across_rollbacks(n):
+    assert_plain_logits_across_rollbacks(SPLIT_PLAN, n, SplitMatrix)
 
 @needs_blas_threads
 @pytest.mark.parametrize("layout", layouts.BLAS_LAYOUTS)
@@ -89,20 +93,11 @@ def test_blas_threaded_products_give_the_matrix_product_and_leave_blas_at_one_th
 @needs_blas_threads
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
 def test_blas_threaded_plans_give_the_plain_paths_logits_across_rollbacks(n):
+    assert BLAS_PLAN.kept == ("column-major",)  # one copy serves both ways
     count = THREADS.count
     try:
         THREADS.set(2)
-        params = random_params(HPARAMS, seed=n)
-        tokens = np.random.default_rng(n).integers(0, HPARAMS["n_vocab"], size=HPARAMS["n_ctx"])
-        diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % HPARAMS["n_vocab"]])
-        plain = gpt2.GPT2Model(params, HPARAMS, layout="plain")
-        model = gpt2.GPT2Model(params, HPARAMS, layout=BLAS_PLAN)
-        assert isinstance(model.params["blocks"][0]["mlp"]["c_fc"]["w"].by_rows[1][1], BlasThreaded)
-        assert BLAS_PLAN.kept == ("column-major",)  # one copy serves both ways
-        for x, n_last in [(tokens[:7], 1), (tokens[:7 + n], n), (diverged[:4 + n], n), (tokens[:9], 1), (tokens, 1)]:
-            logits = model.logits(x, n_last=n_last)
-            assert logits.dtype == np.float32
-            np.testing.assert_allclose(logits, plain.logits(x, n_last=n_last), rtol=1e-5, atol=1e-5)
+        assert_plain_logits_across_rollbacks(BLAS_PLAN, n, BlasThreaded)
     finally:
         THREADS.set(count)
 
