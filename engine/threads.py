@@ -7,8 +7,8 @@ bandwidth a machine has. OpenBLAS can spread a product over its own threads, but
 So BLAS keeps one thread per call (set with OpenBLAS's openblas_set_num_threads when this module loads; one
 row of a large model aside, see BlasThreaded below) and the split is ours: x @ w becomes x @ w[:, group] for
 a few column groups at once, one on the calling thread and the rest on a small pool of Python threads (NumPy
-lets go of the interpreter lock inside a product), and the groups' outputs are joined. Each output column is the same dot product either way; only who
-computes it changes. The groups are views of the matrix as it is stored (row-major, column-major or column
+lets go of the interpreter lock inside a product), and the groups' outputs are joined. Each output column is
+the same dot product either way; only who computes it changes. The groups are views of the matrix as it is stored (row-major, column-major or column
 panels): no copy. A hand-off costs 40-90 microseconds on these virtual machines (waking a sleeping thread;
 a pair of locks instead of the pool measured no faster in a decode step).
 
