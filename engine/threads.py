@@ -4,13 +4,13 @@ A decode step of a large model streams every weight from memory once, and one co
 bandwidth a machine has. OpenBLAS can spread a product over its own threads, but on a 2-core Intel Xeon
 (family 6, model 207, AVX-512, SkylakeX kernels) two BLAS threads made scoring 2 to 9 rows through GPT-2
 1558M cost 2.8-3.3 decode steps against 1.1-2.1 with one, which makes speculative sampling worthless there.
-So BLAS keeps one thread per call (set with OpenBLAS's openblas_set_num_threads when this module loads; one
-row of a large model aside, see BlasThreaded below) and the split is ours: x @ w becomes x @ w[:, group] for
-a few column groups at once, one on the calling thread and the rest on a small pool of Python threads (NumPy
-lets go of the interpreter lock inside a product), and the groups' outputs are joined. Each output column is
-the same dot product either way; only who computes it changes. The groups are views of the matrix as it is stored (row-major, column-major or column
-panels): no copy. A hand-off costs 40-90 microseconds on these virtual machines (waking a sleeping thread;
-a pair of locks instead of the pool measured no faster in a decode step).
+So BLAS keeps one thread per call (set with OpenBLAS's openblas_set_num_threads when this module loads; one row
+of a large model aside, see BlasThreaded below) and the split is ours: x @ w becomes x @ w[:, group] for a few
+column groups at once, one on the calling thread and the rest on a small pool of Python threads (NumPy lets go
+of the interpreter lock inside a product), and the groups' outputs are joined. Each output column is the same
+dot product either way; only who computes it changes. The groups are views of the matrix as it is stored (row-
+major, column-major or column panels): no copy. A hand-off costs 40-90 microseconds on these virtual machines
+(waking a sleeping thread; a pair of locks instead of the pool measured no faster in a decode step).
 
 Whether a split pays is measured, per matrix role and row count, with the layouts (layouts.measure_plan):
 for GPT-2 1558M nearly everywhere, for the bundled pair's small matrices rarely.
