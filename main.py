@@ -34,10 +34,12 @@ from cli.report import coloured_text, print_batch_report, print_report, wants_co
 from jax_backend import backends
 from speedup import costs, drafts
 
-# The bundled pair's first run: code it writes with accepted stretches and corrections (alpha 0.53 at K=4,
-# temperature 0, for the pair of 25 November 2026), where prompts into its loops accept nearly everything and
-# teach nothing
-DEFAULT_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
+# The bundled pair's first run: a function it writes with accepted stretches and corrections (alpha 0.87 at
+# K=4, temperature 0, for the pair of 25 November 2026, evening), where prompts into its loops accept nearly
+# everything and teach nothing. It ends after the docstring, not after a newline: GPT-2's BPE keeps a newline
+# and the next line's indentation in one token, so a prompt ending in "\n" splits them as no training text
+# does, and the pair then writes unindented code.
+DEFAULT_PROMPT = 'def flatten(items):\n    """Return a flat list of the items in nested lists."""'
 BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
 
