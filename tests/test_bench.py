@@ -1,11 +1,13 @@
 """The benchmarks still run and still measure what they claim, on tiny models (their speed is never tested:
 bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
 bench/speculative.py runs end to end on a tiny random pair, bench/pair.py and bench/batch.py on the bundled
-pair and the held-out sample, and bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU.
+pair and the held-out sample, bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU,
+and bench/train_step.py for two one-window steps of the bundled pair.
 """
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +272,20 @@ def test_paper_shapes_draws_gpt2s_tree_in_float32_and_prices_every_alpha_and_K()
     grid = paper_shapes.expected_speedups(measured)
     assert list(grid) == ["0.6", "0.7", "0.8", "0.9"] and list(grid["0.8"]) == [str(K) for K in range(1, 9)]
     assert grid["0.8"]["4"] == round(measured.expected_speedup(0.8, 4), 3)
+
+
+def test_train_step_bench_times_steps_and_counts_page_faults():
+    pytest.importorskip("jax")
+    command = [sys.executable, str(REPO / "bench" / "train_step.py"), "--steps", "2", "--batch_size", "1"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
+                               env={**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 2 and result["batch"] == [1, 512]  # the bundled pair's n_ctx
+    low, high = result["seconds_range"]
+    assert 0 < low <= result["median_seconds"] <= high
+    assert result["median_minor_faults"] >= 0 and result["cpu"]
+    assert result["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"  # the setting it ran under is reported
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "train_step.py"), "--steps", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bad.returncode != 0 and "must be positive" in bad.stderr and "Traceback" not in bad.stderr
