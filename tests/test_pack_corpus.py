@@ -137,6 +137,24 @@ def test_training_resumes_where_it_was_interrupted_and_warm_starts_from_a_pair(p
     assert log["recipe"]["init_from"] == str(tmp_path / "whole") and log["evals"][-1]["target_copy_accuracy"] >= 0
 
 
+def test_training_windows_repeat_spans_of_random_tokens_on_request():
+    """With random_share, the repeated span is random token ids, written twice in its window; without it the
+    windows are the corpus's own tokens (all zeros here)."""
+    pytest.importorskip("jax")
+    from tools import train_pair
+
+    corpus = np.zeros(5000, np.uint16)
+    plain = next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), repeat_share=1.0))
+    assert plain.dtype == np.int32 and plain.shape == (16, 129) and not plain.any()
+    windows = next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), repeat_share=1.0, random_share=1.0,
+                                      n_vocab=4096))
+    for window in windows:
+        span = window[window != 0]  # both copies, in order (a random 0 drops from both alike)
+        assert len(span) >= 2 * 32 - 4 and int(span.max()) < 4096
+        assert np.array_equal(span[:len(span) // 2], span[len(span) // 2:])
+    assert len({tuple(window[window != 0][:8]) for window in windows}) == 16  # each window draws its own span
+
+
 def jax_leaves(tree):
     import jax
 

@@ -65,19 +65,25 @@ def load_splits(corpus_dir, bpe_dir, encoder, tokens=None):
             load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy"))
 
 
-def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0):
+def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0, n_vocab=None):
     """Endless random windows of seq_len + 1 tokens: [batch_size, seq_len + 1].
 
     A share of the windows (repeat_share) gets one of its own spans (32-128 tokens, fewer in short windows)
     written again later in the window, as code and reference text repeat names and lines: next-token prediction on the second
-    copy rewards copying, which makes induction heads (two attention layers composing) form early."""
+    copy rewards copying, which makes induction heads (two attention layers composing) form early. A share of those
+    (random_share) first fills the span with uniformly random tokens (ids below n_vocab): their second copy can only be
+    predicted by copying, with no n-gram statistics to fall back on, the synthetic task on which Olsson et al. (2022,
+    "In-context Learning and Induction Heads") watched induction heads form."""
     while True:
         starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
         windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
-        for window in windows[rng.random(batch_size) < repeat_share]:
+        for row in np.flatnonzero(rng.random(batch_size) < repeat_share):
+            window = windows[row]  # a view: indexing with the mask itself would edit a copy
             length = int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
             source = int(rng.integers(0, seq_len + 2 - 2 * length))
             copy_to = int(rng.integers(source + length, seq_len + 2 - length))
+            if random_share and rng.random() < random_share:
+                window[source:source + length] = rng.integers(0, n_vocab, length)
             window[copy_to:copy_to + length] = window[source:source + length]
         yield windows
 
@@ -228,11 +234,12 @@ def warm_start(init_from, names, encoder):
 def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", steps=1500, batch_size=16,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250,
          target_shape=(256, 12, 8), draft_shape=(128, 1, 4), target_name="teach-target", draft_name="teach-draft",
-         tokens=None, repeat_share=0.0, init_from=None, state_dir="~/.cache/speculative-kit/train_pair",
+         tokens=None, repeat_share=0.0, random_share=0.0, init_from=None, state_dir="~/.cache/speculative-kit/train_pair",
          save_minutes=5.0):
     """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head); n_ctx is seq_len.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
-    repeat_share: the share of training windows that repeat one of their spans (see batches).
+    repeat_share: the share of training windows that repeat one of their spans, random_share the share of those whose
+    span is random tokens (see batches).
     init_from: a folder holding target_name and draft_name to start from (their shapes and n_ctx replace the
     shapes and seq_len given). state_dir: where the run saves its state every save_minutes and resumes from."""
     corpus_dir, bpe_dir, out_dir, state_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir), Path(state_dir).expanduser()
@@ -252,7 +259,7 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
         hparams = {"target": hparams_for(target_shape), "draft": hparams_for(draft_shape)}
     recipe = {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
               "seed": seed, "hparams": hparams, "tokens": str(tokens) if tokens else None,
-              "repeat_share": repeat_share, "init_from": str(init_from) if init_from else None}
+              "repeat_share": repeat_share, "random_share": random_share, "init_from": str(init_from) if init_from else None}
     state = load_state(state_dir, recipe)
     if state is None:
         rng = np.random.default_rng(seed)
@@ -274,7 +281,7 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
         save_state(state_dir, {"params": params, "opt_state": opt_state, "log": log, "rng": rng.bit_generator.state})
 
     started, minutes_before, last_save = time.perf_counter(), log["minutes"], time.perf_counter()
-    data = batches(train, batch_size, seq_len, rng, repeat_share)
+    data = batches(train, batch_size, seq_len, rng, repeat_share, random_share, encoder.n_vocab)
     for step in range(log["steps_done"], steps):
         batch = next(data)
         params, opt_state, target_loss, draft_loss = train_step(
