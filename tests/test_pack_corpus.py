@@ -85,11 +85,12 @@ def test_train_and_distill_from_packed_tokens(packed, tmp_path):
     assert hparams == {"n_vocab": 4096, "n_ctx": 16, "n_embd": 32, "n_head": 4, "n_layer": 2}
 
     distill_draft.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2, n_layer=2,
-                       batch_size=2, warmup=1, eval_every=2, tokens=tokens)
+                       batch_size=2, warmup=1, eval_every=2, tokens=tokens, repeat_share=0.5, random_share=0.5)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", tmp_path)
     assert draft_hparams["n_layer"] == 2 and len(draft_params["blocks"]) == 2
     stage = json.loads((tmp_path / "training_log.json").read_text())["draft_distillation"]
     assert stage["recipe"]["batch_size"] == 2 and [e["step"] for e in stage["evals"]] == [0, 2]
+    assert stage["recipe"]["repeat_share"] == stage["recipe"]["random_share"] == 0.5
     assert not (tmp_path / "no-corpus").exists()  # nothing was read from (or cached beside) a corpus folder
 
 
