@@ -138,22 +138,24 @@ def test_training_resumes_where_it_was_interrupted_and_warm_starts_from_a_pair(p
     assert log["recipe"]["init_from"] == str(tmp_path / "whole") and log["evals"][-1]["target_copy_accuracy"] >= 0
 
 
-def test_training_windows_repeat_spans_of_random_tokens_on_request():
-    """With random_share, the repeated span is random token ids, written twice in its window; without it the
-    windows are the corpus's own tokens (all zeros here)."""
+def test_training_windows_repeat_spans_and_random_sequences_on_request():
+    """repeat_share windows hold one of their own spans twice; random_share windows are a random sequence written
+    over and over; the rest are the corpus's own tokens."""
     pytest.importorskip("jax")
     from tools import train_pair
 
-    corpus = np.zeros(5000, np.uint16)
-    plain = next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), repeat_share=1.0))
-    assert plain.dtype == np.int32 and plain.shape == (16, 129) and not plain.any()
-    windows = next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), repeat_share=1.0, random_share=1.0,
-                                      n_vocab=4096))
+    corpus = np.arange(5000).astype(np.uint16)
+    plain = next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0)))
+    assert plain.dtype == np.int32 and plain.shape == (16, 129) and (np.diff(plain, axis=1) == 1).all()
+    for window in next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), repeat_share=1.0)):
+        values, counts = np.unique(window, return_counts=True)  # the corpus's tokens are distinct: a copy shows twice
+        twice = values[counts == 2]
+        assert 32 <= len(twice) <= 64 and counts.max() == 2 and (np.diff(twice) == 1).all()  # one span, in order
+    windows = next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), random_share=1.0, n_vocab=4096))
     for window in windows:
-        span = window[window != 0]  # both copies, in order (a random 0 drops from both alike)
-        assert len(span) >= 2 * 32 - 4 and int(span.max()) < 4096
-        assert np.array_equal(span[:len(span) // 2], span[len(span) // 2:])
-    assert len({tuple(window[window != 0][:8]) for window in windows}) == 16  # each window draws its own span
+        period = next(n for n in range(32, 65) if np.array_equal(window[n:], window[:-n]))
+        assert int(window.max()) < 4096 and len(set(window[:period].tolist())) > period // 2  # random, not a run
+    assert len({tuple(window[:8]) for window in windows}) == 16  # each window draws its own sequence
 
 
 def jax_leaves(tree):

@@ -70,10 +70,10 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
 
     A share of the windows (repeat_share) gets one of its own spans (32-128 tokens, fewer in short windows)
     written again later in the window, as code and reference text repeat names and lines: next-token prediction on the second
-    copy rewards copying, which makes induction heads (two attention layers composing) form early. A share of those
-    (random_share) first fills the span with uniformly random tokens (ids below n_vocab): their second copy can only be
-    predicted by copying, with no n-gram statistics to fall back on, the synthetic task on which Olsson et al. (2022,
-    "In-context Learning and Induction Heads") watched induction heads form."""
+    copy rewards copying, which makes induction heads (two attention layers composing) form early. A share of the windows
+    (random_share) is instead a sequence of uniformly random tokens (ids below n_vocab, 32-128 of them) written over and
+    over: after its first period only copying predicts it, with no n-gram statistics to fall back on, the synthetic task
+    of Olsson et al. (2022, "In-context Learning and Induction Heads")."""
     while True:
         starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
         windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
@@ -82,9 +82,11 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
             length = int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
             source = int(rng.integers(0, seq_len + 2 - 2 * length))
             copy_to = int(rng.integers(source + length, seq_len + 2 - length))
-            if random_share and rng.random() < random_share:
-                window[source:source + length] = rng.integers(0, n_vocab, length)
             window[copy_to:copy_to + length] = window[source:source + length]
+        if random_share:
+            for row in np.flatnonzero(rng.random(batch_size) < random_share):
+                period = int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
+                windows[row] = np.resize(rng.integers(0, n_vocab, period), seq_len + 1)
         yield windows
 
 
@@ -238,8 +240,8 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
          save_minutes=5.0):
     """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head); n_ctx is seq_len.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
-    repeat_share: the share of training windows that repeat one of their spans, random_share the share of those whose
-    span is random tokens (see batches).
+    repeat_share: the share of training windows that repeat one of their spans, random_share the share that repeat
+    a sequence of random tokens (see batches).
     init_from: a folder holding target_name and draft_name to start from (their shapes and n_ctx replace the
     shapes and seq_len given). state_dir: where the run saves its state every save_minutes and resumes from."""
     corpus_dir, bpe_dir, out_dir, state_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir), Path(state_dir).expanduser()
