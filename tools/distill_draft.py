@@ -57,8 +57,8 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
          draft_name="teach-draft", tokens=None, repeat_share=0.0, random_share=0.0):
     """Grow the draft to n_layer blocks and distil it for `steps` steps of batch_size windows of the target's n_ctx.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
-    repeat_share, random_share: windows that repeat a span, some of random tokens (train_pair.batches), where a
-    target that copies teaches the draft to copy too."""
+    repeat_share, random_share: the shares of windows that repeat one of their spans and of windows that are a random
+    sequence written over and over (train_pair.batches), where a target that copies can teach the draft to copy."""
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
     encoder = get_encoder_from_dir(bpe_dir)
     train, held_out = train_pair.load_splits(corpus_dir, bpe_dir, encoder, tokens)
@@ -81,8 +81,8 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     log["draft_distillation"] = stage
     stage["evals"].append({"step": 0, **train_pair.held_out_metrics(evaluate, params, held_out, seq_len)})
     print("held-out", json.dumps(stage["evals"][-1]), flush=True)
-    started, data = time.perf_counter(), train_pair.batches(train, batch_size, seq_len, rng, repeat_share, random_share,
-                                                                      encoder.n_vocab)
+    data = train_pair.batches(train, batch_size, seq_len, rng, repeat_share, random_share, encoder.n_vocab)
+    started = time.perf_counter()
     for step in range(steps):
         params["draft"], opt_state, kl = step_fn(params["draft"], params["target"], opt_state, next(data),
                                                  train_pair.learning_rate(step, steps, lr, warmup))

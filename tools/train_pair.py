@@ -65,6 +65,10 @@ def load_splits(corpus_dir, bpe_dir, encoder, tokens=None):
             load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy"))
 
 
+def span_length(seq_len, rng):  # 32-128 tokens, fewer in short windows
+    return int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
+
+
 def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0, n_vocab=None):
     """Endless random windows of seq_len + 1 tokens: [batch_size, seq_len + 1].
 
@@ -79,13 +83,13 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
         windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
         for row in np.flatnonzero(rng.random(batch_size) < repeat_share):
             window = windows[row]  # a view: indexing with the mask itself would edit a copy
-            length = int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
+            length = span_length(seq_len, rng)
             source = int(rng.integers(0, seq_len + 2 - 2 * length))
             copy_to = int(rng.integers(source + length, seq_len + 2 - length))
             window[copy_to:copy_to + length] = window[source:source + length]
-        if random_share:
+        if random_share:  # without it, no draw: the sampler stays the one of runs made before random_share
             for row in np.flatnonzero(rng.random(batch_size) < random_share):
-                period = int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
+                period = span_length(seq_len, rng)
                 windows[row] = np.resize(rng.integers(0, n_vocab, period), seq_len + 1)
         yield windows
 
@@ -261,7 +265,8 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
         hparams = {"target": hparams_for(target_shape), "draft": hparams_for(draft_shape)}
     recipe = {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
               "seed": seed, "hparams": hparams, "tokens": str(tokens) if tokens else None,
-              "repeat_share": repeat_share, "random_share": random_share, "init_from": str(init_from) if init_from else None}
+              "repeat_share": repeat_share, "random_share": random_share,
+              "init_from": str(init_from) if init_from else None}
     state = load_state(state_dir, recipe)
     if state is None:
         rng = np.random.default_rng(seed)
