@@ -24,7 +24,6 @@ import gpt2  # noqa: E402
 import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
 
 
 def grow(params, hparams, n_layer, rng):
@@ -72,8 +71,7 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     evaluate = train_pair.make_evaluate(target_hparams["n_head"], draft_hparams["n_head"])
     opt_state = train_pair.adamw_init(params["draft"])
 
-    log_path = models_dir / "training_log.json"
-    log = json.loads(log_path.read_text())
+    log = json.loads((models_dir / "training_log.json").read_text())
     stage = {"recipe": {"steps": steps, "n_layer": n_layer, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
                         "warmup": warmup, "seed": seed, "draft_hparams": draft_hparams,
                         "tokens": str(tokens) if tokens else None, "repeat_share": repeat_share,
@@ -90,11 +88,9 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
             print(f"step {step:4d}  draft KL {float(kl):.3f}  {(time.perf_counter() - started) / 60:.1f} min", flush=True)
         if (step + 1) % eval_every == 0 or step == steps - 1:
             metrics = train_pair.held_out_metrics(evaluate, params, held_out, seq_len)
-            stage["evals"].append({"step": step + 1, "minutes": (time.perf_counter() - started) / 60, **metrics})
-            stage["minutes"] = stage["evals"][-1]["minutes"]
-            train_pair.write_model(models_dir / draft_name, params["draft"], draft_hparams, bpe_dir)
-            write_atomically(log_path, (json.dumps(log, indent=2) + "\n").encode())
-            print("held-out", json.dumps(stage["evals"][-1]), flush=True)
+            evaluation = {"step": step + 1, "minutes": (time.perf_counter() - started) / 60, **metrics}
+            train_pair.write_stage_evaluation(models_dir, draft_name, params["draft"], draft_hparams, bpe_dir, log,
+                                              stage, evaluation)
 
 
 if __name__ == "__main__":

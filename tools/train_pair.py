@@ -205,6 +205,16 @@ def write_pair(out_dir, params, hparams, bpe_dir, names, log):
     write_atomically(out_dir / "training_log.json", (json.dumps(log, indent=2) + "\n").encode())
 
 
+def write_stage_evaluation(models_dir, name, params, hparams, bpe_dir, log, stage, evaluation):
+    """For a stage run after train_pair (distill_draft, unlikelihood_target) on a pair folder: the model it trains
+    rewritten in place, and the evaluation added to its stage's record in the folder's training log."""
+    stage["evals"].append(evaluation)
+    stage["minutes"] = evaluation["minutes"]
+    write_model(models_dir / name, params, hparams, bpe_dir)
+    write_atomically(models_dir / "training_log.json", (json.dumps(log, indent=2) + "\n").encode())
+    print("held-out", json.dumps(evaluation), flush=True)
+
+
 def save_state(state_dir, state):
     """The whole training state (numpy arrays, the sampler's state, the log) in one file, replaced atomically."""
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ import sampling  # noqa: E402
 import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
 
 
 def repeated_ngram_mask(tokens, start, n=4):
@@ -47,14 +46,16 @@ def repeated_ngram_mask(tokens, start, n=4):
 def unlikelihood(logits, tokens, mask):
     """Mean over positions of -log(1 - p(token)) where mask is set; logits [batch, seq, n_vocab] predict tokens."""
     others = jnp.where(jax.nn.one_hot(tokens, logits.shape[-1], dtype=bool), -jnp.inf, logits)
-    log_not_token = jax.nn.logsumexp(others, axis=-1) - jax.nn.logsumexp(logits, axis=-1)  # log(1 - p), exact near p = 1
+    # log(1 - p) from the other tokens' logits: exact, and with a gradient, even where p rounds to 1
+    log_not_token = jax.nn.logsumexp(others, axis=-1) - jax.nn.logsumexp(logits, axis=-1)
     return -jnp.mean(jnp.where(mask, log_not_token, 0.0))
 
 
 def make_step(n_head, alpha):
     def loss(params, batch, continued, mask):
         text_loss = train_pair.cross_entropy(train_pair.batched_logits(params, n_head, batch[:, :-1]), batch[:, 1:])
-        loop_loss = unlikelihood(train_pair.batched_logits(params, n_head, continued[:, :-1]), continued[:, 1:], mask[:, 1:])
+        loop_logits = train_pair.batched_logits(params, n_head, continued[:, :-1])
+        loop_loss = unlikelihood(loop_logits, continued[:, 1:], mask[:, 1:])
         return text_loss + alpha * loop_loss, (text_loss, loop_loss)
 
     @jax.jit
@@ -72,7 +73,8 @@ def greedy_continuations(params, hparams, prompts, n_tokens):
     rows = []
     for prompt in prompts:
         model.reset()
-        rows.append(sampling.autoregressive_sampling(prompt, model, n_tokens, temperature=0, rng=np.random.default_rng(0)))
+        rows.append(sampling.autoregressive_sampling(prompt, model, n_tokens, temperature=0,
+                                                     rng=np.random.default_rng(0)))
     return np.stack(rows).astype(np.int32)
 
 
@@ -96,11 +98,11 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     opt_state = train_pair.adamw_init(params["target"])
     rng = np.random.default_rng(seed)
 
-    log_path = models_dir / "training_log.json"
-    log = json.loads(log_path.read_text())
-    stage = {"recipe": {"steps": steps, "batch_size": batch_size, "n_prompts": n_prompts, "prompt_tokens": prompt_tokens,
-                        "n_tokens": n_tokens, "ngram": ngram, "alpha": alpha, "lr": lr, "warmup": warmup, "seed": seed,
-                        "repeat_share": repeat_share, "tokens": str(tokens) if tokens else None}, "evals": []}
+    log = json.loads((models_dir / "training_log.json").read_text())
+    recipe = {"steps": steps, "batch_size": batch_size, "n_prompts": n_prompts, "prompt_tokens": prompt_tokens,
+              "n_tokens": n_tokens, "ngram": ngram, "alpha": alpha, "lr": lr, "warmup": warmup, "seed": seed,
+              "repeat_share": repeat_share, "tokens": str(tokens) if tokens else None}
+    stage = {"recipe": recipe, "evals": []}
     log["target_unlikelihood"] = stage
     stage["evals"].append({"step": 0, **train_pair.held_out_metrics(evaluate, params, held_out, seq_len)})
     print("held-out", json.dumps(stage["evals"][-1]), flush=True)
@@ -108,22 +110,22 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     started, looped = time.perf_counter(), []
     for step in range(steps):
         starts = rng.integers(0, len(train) - prompt_tokens, n_prompts)
-        continued = greedy_continuations(params["target"], hparams, [train[s:s + prompt_tokens] for s in starts], n_tokens)
+        prompts = [train[s:s + prompt_tokens] for s in starts]
+        continued = greedy_continuations(params["target"], hparams, prompts, n_tokens)
         mask = np.stack([repeated_ngram_mask(row, prompt_tokens, ngram) for row in continued])
         looped.append(mask.sum() / (n_prompts * n_tokens))  # the share of greedy tokens inside a repeated n-gram
         params["target"], opt_state, (text_loss, loop_loss) = step_fn(
             params["target"], opt_state, next(data), continued, mask, train_pair.learning_rate(step, steps, lr, warmup))
         if step % 25 == 0:
             print(f"step {step:4d}  text {float(text_loss):.3f}  loops {float(loop_loss):.3f}  "
-                  f"looped tokens {np.mean(looped[-25:]):.2f}  {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+                  f"looped tokens {np.mean(looped[-25:]):.2f}  {(time.perf_counter() - started) / 60:.1f} min",
+                  flush=True)
         if (step + 1) % eval_every == 0 or step == steps - 1:
             metrics = train_pair.held_out_metrics(evaluate, params, held_out, seq_len)
-            stage["evals"].append({"step": step + 1, "minutes": (time.perf_counter() - started) / 60,
-                                   "looped_tokens": float(np.mean(looped[-eval_every:])), **metrics})
-            stage["minutes"] = stage["evals"][-1]["minutes"]
-            train_pair.write_model(models_dir / target_name, params["target"], hparams, bpe_dir)
-            write_atomically(log_path, (json.dumps(log, indent=2) + "\n").encode())
-            print("held-out", json.dumps(stage["evals"][-1]), flush=True)
+            evaluation = {"step": step + 1, "minutes": (time.perf_counter() - started) / 60,
+                          "looped_tokens": float(np.mean(looped[-eval_every:])), **metrics}
+            train_pair.write_stage_evaluation(models_dir, target_name, params["target"], hparams, bpe_dir, log, stage,
+                                              evaluation)
 
 
 if __name__ == "__main__":
