@@ -23,11 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
 import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
+from engine import gpt2_batched, sampling_batched  # noqa: E402
 
 
 def repeated_ngram_mask(tokens, start, n=4):
@@ -68,14 +67,10 @@ def make_step(n_head, alpha):
 
 
 def greedy_continuations(params, hparams, prompts, n_tokens):
-    """[len(prompts), prompt length + n_tokens] int32: each prompt continued greedily by the target as it is now."""
-    model = gpt2.GPT2Model(jax.tree.map(np.asarray, params), hparams, layout="plain")
-    rows = []
-    for prompt in prompts:
-        model.reset()
-        rows.append(sampling.autoregressive_sampling(prompt, model, n_tokens, temperature=0,
-                                                     rng=np.random.default_rng(0)))
-    return np.stack(rows).astype(np.int32)
+    """[len(prompts), prompt length + n_tokens] int32: each prompt (all of one length) continued greedily by the
+    target as it is now, all of them in one batched forward pass a token (engine/sampling_batched.py)."""
+    model = gpt2_batched.BatchedGPT2Model(jax.tree.map(np.asarray, params), hparams, len(prompts), layout="plain")
+    return np.stack(sampling_batched.autoregressive_sampling(prompts, model, n_tokens, temperature=0)).astype(np.int32)
 
 
 def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096", steps=600, batch_size=8,
