@@ -1,0 +1,87 @@
+"""tools/distill_draft.py's on-policy rows (--continued): the target's continuations are what sampling.py's
+Algorithm 1 writes, the pool is kept and read back, every position weighs alike in the loss, and a few steps
+of the stage run on a tiny pair (the CPU)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import gpt2
+import sampling
+import utils
+from conftest import REPO
+from test_pack_corpus import packed  # noqa: F401  (the fixture)
+
+jax = pytest.importorskip("jax")
+from tools import distill_draft, train_pair  # noqa: E402
+
+
+def test_greedy_continuations_are_algorithm_1s_tokens_for_training_prompts():
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    tokens = np.arange(1000, dtype=np.uint16) * 3 % 4096  # a corpus whose windows are easy to find again
+    rows = distill_draft.continuations(params, hparams, tokens, 3, 6, 5, 0.0, np.random.default_rng(0), batch_size=2)
+    assert rows.dtype == np.int32 and rows.shape == (3, 11)
+    for row in rows:
+        start = int(np.flatnonzero(tokens == row[0])[0])
+        assert row[:6].tolist() == tokens[start:start + 6].tolist()  # a window of the corpus
+        greedy = sampling.autoregressive_sampling(row[:6].astype(np.int64), gpt2.GPT2Model(params, hparams), 5,
+                                                  temperature=0)
+        assert row.tolist() == greedy.tolist()
+    sampled, again = (distill_draft.continuations(params, hparams, tokens, 3, 6, 5, 1.0, np.random.default_rng(0),
+                                                  batch_size=2) for _ in range(2))
+    assert np.array_equal(sampled, again) and np.array_equal(sampled[:, :6], rows[:, :6])  # same prompts, seeded
+    assert not np.array_equal(sampled, rows)  # temperature 1 draws, where greedy takes the argmax
+
+
+def test_the_pool_is_written_once_and_read_back(tmp_path):
+    pool_file = tmp_path / "cache" / "pool.npz"
+    rows = np.arange(12, dtype=np.int32).reshape(3, 4)
+    assert np.array_equal(distill_draft.load_or_write_pool(pool_file, lambda: rows), rows)
+
+    def never():
+        raise AssertionError("the pool was made again")
+
+    read = distill_draft.load_or_write_pool(pool_file, never)
+    assert read.dtype == np.int32 and np.array_equal(read, rows)
+    assert [p.name for p in pool_file.parent.iterdir()] == ["pool.npz"]  # no temporary file left beside it
+    assert np.array_equal(distill_draft.load_or_write_pool(None, lambda: rows), rows)  # no file: made every time
+
+
+def test_every_position_weighs_alike_in_the_loss():
+    rng = np.random.default_rng(1)
+    target = jax.tree.map(jax.numpy.asarray, gpt2.init_params({"n_vocab": 64, "n_ctx": 32, "n_embd": 16,
+                                                                "n_head": 2, "n_layer": 1}, rng))
+    draft = jax.tree.map(jax.numpy.asarray, gpt2.init_params({"n_vocab": 64, "n_ctx": 32, "n_embd": 8,
+                                                               "n_head": 2, "n_layer": 1}, rng))
+    step = distill_draft.make_distill_step(2, 2)
+    windows = rng.integers(0, 64, (1, 25)).astype(np.int32)  # 24 positions
+    rows = rng.integers(0, 64, (2, 9)).astype(np.int32)  # 16 positions
+    none = {25: np.zeros((0, 25), np.int32), 9: np.zeros((0, 9), np.int32)}
+
+    def kl(batch, continued):  # lr 0: the draft does not move between the calls
+        return float(step(draft, target, train_pair.adamw_init(draft), batch, continued, 0.0)[2])
+
+    only_windows, only_rows = kl(windows, none[9]), kl(none[25], rows)
+    assert only_windows != pytest.approx(only_rows)
+    assert kl(windows, rows) == pytest.approx((24 * only_windows + 16 * only_rows) / 40, rel=1e-5)
+
+
+def test_the_stage_distils_on_continuations_and_reports_their_agreement(packed, tmp_path):  # noqa: F811
+    _, pack_dir, _ = packed
+    tokens = pack_dir / "tokens.npz"
+    train_pair.main(corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, out_dir=tmp_path, steps=1, batch_size=2,
+                    seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2), tokens=tokens,
+                    state_dir=tmp_path / "state")
+    before = utils.load_encoder_hparams_and_params("teach-draft", tmp_path)[2]
+    pool_file = tmp_path / "pool.npz"
+    distill_draft.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2,
+                       batch_size=0, warmup=1, eval_every=2, tokens=tokens, continued=3, pool=5, prompt_tokens=4,
+                       continued_tokens=6, pool_file=pool_file)
+    after = utils.load_encoder_hparams_and_params("teach-draft", tmp_path)[2]
+    assert after["wte"].dtype == np.float32 and not np.array_equal(after["wte"], before["wte"])
+    assert np.load(pool_file)["rows"].shape == (5, 10)
+    stage = json.loads((tmp_path / "training_log.json").read_text())["draft_distillation"]
+    assert stage["recipe"]["continued"] == 3 and stage["recipe"]["pool_temperature"] == 0.0
+    assert [e["step"] for e in stage["evals"]] == [0, 2]
+    assert all(0 <= e["greedy_continuation_agreement"] <= 1 for e in stage["evals"])
