@@ -73,6 +73,20 @@ def numpy_functions(encoder, n, max_tokens):
     return [found[i * len(found) // n] for i in range(min(n, len(found)))]
 
 
+def repeat_prompt(encoder, function, restart_lines):
+    """(prompt, rest): the tokens of the function, a blank line and the function again, cut at the first token
+    boundary at or after its first restart_lines lines. Cutting the text there and encoding the pieces apart
+    would end the prompt on a lone newline, which the vocabulary otherwise joins to the next line's indentation
+    (GPT-2's pre-tokenizer puts a line break and the spaces after it in one piece): a token sequence the target
+    never saw in training, after which it starts a new line at column 0 instead of copying."""
+    restart = "".join(function.splitlines(keepends=True)[:restart_lines])
+    restart_end = len((function + "\n" + restart).encode("utf-8"))  # in bytes, as the tokens hold them
+    tokens = encoder.encode(function + "\n" + function)
+    ends = np.cumsum([len(encoder.id_to_bytes[token]) for token in tokens])  # where each token's bytes end
+    cut = int(np.searchsorted(ends, restart_end)) + 1
+    return tokens[:cut], tokens[cut:]
+
+
 def grams(tokens, n=4):
     return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
 
@@ -87,11 +101,7 @@ def main(argv=None):
         candidates[args.draft] = gpt2.GPT2Model(draft_params, draft_hparams)
     max_function_tokens = (hparams["n_ctx"] - args.n_tokens) // 2 - 8
     functions = numpy_functions(encoder, args.n_prompts, max_function_tokens)
-    prompts, rests = [], []
-    for function in functions:
-        restart = "".join(function.splitlines(keepends=True)[:args.restart_lines])
-        prompts.append(encoder.encode(function + "\n" + restart))
-        rests.append(encoder.encode(function[len(restart):]))
+    prompts, rests = zip(*(repeat_prompt(encoder, function, args.restart_lines) for function in functions))
 
     result = {"target": args.target, "n_prompts": len(prompts), "n_tokens": args.n_tokens,
               "restart_lines": args.restart_lines, "numpy_version": np.__version__, "by_draft": {}}

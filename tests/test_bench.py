@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import gpt2
+from encoder import get_encoder_from_dir
 from engine import layouts
 from speedup import costs
 
@@ -289,3 +290,15 @@ def test_train_step_bench_times_steps_and_counts_page_faults():
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "train_step.py"), "--steps", "0"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode != 0 and "must be positive" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_lookup_prompts_end_where_the_vocabulary_cuts_the_text():
+    lookup = load_bench("lookup")
+    encoder = get_encoder_from_dir(REPO / "models" / "teach-target")
+    function = 'def f(x):\n    """Twice x: caf\u00e9."""\n    return x * 2\n'
+    prompt, rest = lookup.repeat_prompt(encoder, function, 2)
+    assert list(prompt) + list(rest) == encoder.encode(function + "\n" + function)  # one encoding, cut once
+    text = encoder.decode(list(prompt))
+    assert text.startswith(function + "\n" + 'def f(x):\n    """Twice x: caf\u00e9."""\n')  # the restart lines
+    assert text.endswith("\n   ") and encoder.decode(list(rest)) == " return x * 2\n"  # the line break and indent
+    assert encoder.encode(text)[-1] != encoder.encode("\n")[0]  # not the lone line break that encoding apart ends on
