@@ -11,7 +11,7 @@ import gpt2
 import sampling
 import utils
 from conftest import REPO
-from test_pack_corpus import packed  # noqa: F401  (the fixture)
+from test_pack_corpus import packed, train_tiny_pair  # noqa: F401  (packed: the fixture)
 
 jax = pytest.importorskip("jax")
 from tools import distill_draft, train_pair  # noqa: E402
@@ -70,9 +70,7 @@ def test_every_position_weighs_alike_in_the_loss():
 def test_the_stage_distils_on_continuations_and_reports_their_agreement(packed, tmp_path):  # noqa: F811
     _, pack_dir, _ = packed
     tokens = pack_dir / "tokens.npz"
-    train_pair.main(corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, out_dir=tmp_path, steps=1, batch_size=2,
-                    seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2), tokens=tokens,
-                    state_dir=tmp_path / "state")
+    train_tiny_pair(pack_dir, tmp_path)
     before = utils.load_encoder_hparams_and_params("teach-draft", tmp_path)[2]
     pool_file = tmp_path / "pool.npz"
     distill_draft.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2,

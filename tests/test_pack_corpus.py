@@ -29,6 +29,15 @@ def packed(tmp_path_factory):
     return corpus, root / "pack", record
 
 
+def train_tiny_pair(pack_dir, out_dir):
+    """One step of tools/train_pair.py on the packed tokens: a 2 x 32 target and a 1 x 16 draft in out_dir."""
+    from tools import train_pair
+
+    train_pair.main(corpus_dir=out_dir / "no-corpus", bpe_dir=pack_dir, out_dir=out_dir, steps=1, batch_size=2,
+                    seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2),
+                    tokens=pack_dir / "tokens.npz", state_dir=out_dir / "state")
+
+
 def test_packed_tokens_are_the_trainers_encoding(packed):
     corpus, pack_dir, record = packed
     encoder = get_encoder_from_dir(VOCABULARY)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import utils
-from test_pack_corpus import packed  # noqa: F401  (the fixture)
+from test_pack_corpus import packed, train_tiny_pair  # noqa: F401  (packed: the fixture)
 
 jax = pytest.importorskip("jax")
 from tools import train_pair, unlikelihood_target  # noqa: E402
@@ -43,9 +43,7 @@ def test_unlikelihood_is_minus_log_one_minus_p_on_marked_tokens_only():
 def test_the_stage_trains_the_target_and_leaves_the_draft(packed, tmp_path):  # noqa: F811
     _, pack_dir, _ = packed
     tokens = pack_dir / "tokens.npz"
-    train_pair.main(corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, out_dir=tmp_path, steps=1, batch_size=2,
-                    seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2), tokens=tokens,
-                    state_dir=tmp_path / "state")
+    train_tiny_pair(pack_dir, tmp_path)
     before = {role: utils.load_encoder_hparams_and_params(f"teach-{role}", tmp_path)[2] for role in ("target", "draft")}
     unlikelihood_target.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2,
                              batch_size=2, n_prompts=2, prompt_tokens=8, n_tokens=16, eval_every=2, tokens=tokens)
