@@ -34,18 +34,26 @@ def test_greedy_continuations_are_algorithm_1s_tokens_for_training_prompts():
     assert not np.array_equal(sampled, rows)  # temperature 1 draws, where greedy takes the argmax
 
 
-def test_the_pool_is_written_once_and_read_back(tmp_path):
+def test_the_pool_is_written_once_and_read_back_only_for_the_same_settings(tmp_path):
     pool_file = tmp_path / "cache" / "pool.npz"
     rows = np.arange(12, dtype=np.int32).reshape(3, 4)
-    assert np.array_equal(distill_draft.load_or_write_pool(pool_file, lambda: rows), rows)
+    made_with = {"target_sha256": "ab", "rows": 3, "prompt_tokens": 2, "continued_tokens": 2, "temperature": 0.0}
+    assert np.array_equal(distill_draft.load_or_write_pool(pool_file, made_with, lambda: rows), rows)
 
     def never():
         raise AssertionError("the pool was made again")
 
-    read = distill_draft.load_or_write_pool(pool_file, never)
+    read = distill_draft.load_or_write_pool(pool_file, made_with, never)
     assert read.dtype == np.int32 and np.array_equal(read, rows)
     assert [p.name for p in pool_file.parent.iterdir()] == ["pool.npz"]  # no temporary file left beside it
-    assert np.array_equal(distill_draft.load_or_write_pool(None, lambda: rows), rows)  # no file: made every time
+    with pytest.raises(ValueError, match="made with .*\"target_sha256\": \"ab\".*delete it or name another"):
+        distill_draft.load_or_write_pool(pool_file, {**made_with, "target_sha256": "cd"}, never)
+    with pytest.raises(ValueError, match="made with"):
+        distill_draft.load_or_write_pool(pool_file, {**made_with, "temperature": 1.0}, never)
+    np.savez(pool_file, rows=rows)  # a pool that does not say how it was made
+    with pytest.raises(ValueError, match="made with null"):
+        distill_draft.load_or_write_pool(pool_file, made_with, never)
+    assert np.array_equal(distill_draft.load_or_write_pool(None, made_with, lambda: rows), rows)  # no file: made anew
 
 
 def test_every_position_weighs_alike_in_the_loss():
@@ -83,3 +91,5 @@ def test_the_stage_distils_on_continuations_and_reports_their_agreement(packed, 
     assert stage["recipe"]["continued"] == 3 and stage["recipe"]["pool_temperature"] == 0.0
     assert [e["step"] for e in stage["evals"]] == [0, 2]
     assert all(0 <= e["greedy_continuation_agreement"] <= 1 for e in stage["evals"])
+    with pytest.raises(ValueError, match="a step needs windows or continuations"):
+        distill_draft.main(models_dir=tmp_path, bpe_dir=pack_dir, tokens=tokens, batch_size=0, continued=0)

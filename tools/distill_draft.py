@@ -16,8 +16,10 @@ continuations are written once, --pool of them, in batches by engine/sampling_ba
 --pool_file when one is named.
 """
 
+import hashlib
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +35,6 @@ import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
 from engine import gpt2_batched, sampling_batched  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
 
 
 def grow(params, hparams, n_layer, rng):
@@ -60,17 +61,22 @@ def continuations(params, hparams, tokens, n_rows, prompt_tokens, n_tokens, temp
     return np.stack(rows).astype(np.int32)
 
 
-def load_or_write_pool(pool_file, make_pool):
-    """make_pool()'s rows, read from pool_file when it exists, else made and written there atomically."""
+def load_or_write_pool(pool_file, made_with, make_pool):
+    """make_pool()'s rows, read from pool_file when it exists and was made with the same settings (made_with: a
+    dict naming the target and the pool's shape), else made and written there atomically."""
     if pool_file and Path(pool_file).exists():
-        return np.load(pool_file)["rows"]
+        with np.load(pool_file) as stored:
+            recorded = str(stored["made_with"]) if "made_with" in stored.files else "null"
+            if json.loads(recorded) != made_with:
+                raise ValueError(f"{pool_file} holds continuations made with {recorded}, not {json.dumps(made_with)}: "
+                                 "delete it or name another --pool_file")
+            return stored["rows"]
     rows = make_pool()
     if pool_file:
         Path(pool_file).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(str(pool_file) + ".tmp.npz")
-        np.savez(tmp, rows=rows)
-        write_atomically(Path(pool_file), tmp.read_bytes())
-        tmp.unlink()
+        tmp = Path(f"{pool_file}.tmp.npz")
+        np.savez(tmp, rows=rows, made_with=json.dumps(made_with))
+        os.replace(tmp, pool_file)
     return rows
 
 
@@ -115,6 +121,8 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     continued: rows per step drawn from a pool of `pool` target continuations (prompt_tokens training tokens, then
     continued_tokens at pool_temperature), beside the batch_size windows; pool_file keeps the pool between runs.
     Evaluations then add the draft's argmax agreement with greedy continuations of held-out prompts."""
+    if batch_size < 0 or continued < 0 or batch_size + continued == 0:
+        raise ValueError(f"a step needs windows or continuations: batch_size {batch_size}, continued {continued}")
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
     encoder = get_encoder_from_dir(bpe_dir)
     train, held_out = train_pair.load_splits(corpus_dir, bpe_dir, encoder, tokens)
@@ -136,7 +144,11 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     if continued:
         stage["recipe"].update(pool=pool, prompt_tokens=prompt_tokens, continued_tokens=continued_tokens,
                                pool_temperature=pool_temperature)
-        pool_rows = load_or_write_pool(pool_file, lambda: continuations(
+        target_file = models_dir / target_name / "model.ckpt.data-00000-of-00001"
+        made_with = {"target_sha256": hashlib.sha256(target_file.read_bytes()).hexdigest(), "rows": pool,
+                     "prompt_tokens": prompt_tokens, "continued_tokens": continued_tokens,
+                     "temperature": pool_temperature}
+        pool_rows = load_or_write_pool(pool_file, made_with, lambda: continuations(
             target_params, target_hparams, train, pool, prompt_tokens, continued_tokens, pool_temperature, rng))
         greedy_held_out = continuations(target_params, target_hparams, held_out, 64, prompt_tokens, continued_tokens,
                                         0.0, np.random.default_rng(0))  # the same rows on every run
