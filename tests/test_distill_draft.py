@@ -34,6 +34,23 @@ def test_greedy_continuations_are_algorithm_1s_tokens_for_training_prompts():
     assert not np.array_equal(sampled, rows)  # temperature 1 draws, where greedy takes the argmax
 
 
+def test_the_jax_backend_writes_the_same_continuations(monkeypatch):  # --pool_backend jax, for an accelerator
+    from jax_backend import sampling_jax
+
+    device_calls = []
+    on_device = sampling_jax.batched_autoregressive_sampling
+    monkeypatch.setattr(sampling_jax, "batched_autoregressive_sampling",
+                        lambda *args, **kwargs: device_calls.append(1) or on_device(*args, **kwargs))
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    tokens = np.arange(1000, dtype=np.uint16) * 7 % 4096
+    for temperature in (0.0, 1.0):
+        on_numpy, on_jax = (distill_draft.continuations(params, hparams, tokens, 3, 6, 8, temperature,
+                                                        np.random.default_rng(1), batch_size=2, backend=backend)
+                            for backend in ("numpy", "jax"))
+        assert on_jax.dtype == np.int32 and np.array_equal(on_numpy, on_jax)
+    assert len(device_calls) == 4  # two batches of rows at each temperature, each one device loop
+
+
 def test_the_pool_is_written_once_and_read_back_only_for_the_same_settings(tmp_path):
     pool_file = tmp_path / "cache" / "pool.npz"
     rows = np.arange(12, dtype=np.int32).reshape(3, 4)

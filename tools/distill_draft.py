@@ -12,8 +12,8 @@ With --continued N, each step also distils on N of the target's own continuation
 (greedy at --pool_temperature 0). Speculative sampling judges the draft on exactly that text: the prompt
 and what the target wrote after it. Training the draft on it is the on-policy data of Zhou et al. (2023,
 "DistillSpec: Improving Speculative Decoding via Knowledge Distillation"). The target is frozen, so the
-continuations are written once, --pool of them, in batches by engine/sampling_batched.py, and kept in
---pool_file when one is named.
+continuations are written once, --pool of them, in batches by engine/sampling_batched.py (or, with
+--pool_backend jax, by jax_backend's device loop on an accelerator), and kept in --pool_file when one is named.
 """
 
 import hashlib
@@ -34,7 +34,7 @@ import gpt2  # noqa: E402
 import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
-from engine import gpt2_batched, sampling_batched  # noqa: E402
+from jax_backend import backends  # noqa: E402
 
 
 def grow(params, hparams, n_layer, rng):
@@ -47,17 +47,20 @@ def grow(params, hparams, n_layer, rng):
     return {**params, "blocks": params["blocks"] + fresh}, grown_hparams
 
 
-def continuations(params, hparams, tokens, n_rows, prompt_tokens, n_tokens, temperature, rng, batch_size=64):
+def continuations(params, hparams, tokens, n_rows, prompt_tokens, n_tokens, temperature, rng, batch_size=64,
+                  backend="numpy"):
     """[n_rows, prompt_tokens + n_tokens] int32: random prompts from tokens, each continued by the target
-    (params, numpy) for n_tokens tokens at `temperature` (0: greedy), batch_size rows per batched pass."""
-    model = gpt2_batched.BatchedGPT2Model(params, hparams, batch_size)
+    (params, numpy) for n_tokens tokens at `temperature` (0: greedy), batch_size rows per batched pass, decoded
+    on `backend` (jax: sampling_jax's device loop, the same tokens up to float32 rounding)."""
+    model = backends.make_batched_model(params, hparams, batch_size, backend)
+    decoders = backends.batched_decoders(model)
     rows = []
     while len(rows) < n_rows:
         n = min(batch_size, n_rows - len(rows))
         prompts = [tokens[s:s + prompt_tokens] for s in rng.integers(0, len(tokens) - prompt_tokens, n)]
         seeds = [int(seed) for seed in rng.integers(0, 2**63, n)]  # one Generator per row
         model.reset()
-        rows += sampling_batched.autoregressive_sampling(prompts, model, n_tokens, seeds, temperature=temperature)
+        rows += decoders.autoregressive_sampling(prompts, model, n_tokens, seeds, temperature=temperature)
     return np.stack(rows).astype(np.int32)
 
 
@@ -113,13 +116,14 @@ def make_continued_agreement(draft_heads, prompt_tokens):
 def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096", steps=150, n_layer=2,
          batch_size=16, lr=1e-3, warmup=10, seed=1, eval_every=50, target_name="teach-target",
          draft_name="teach-draft", tokens=None, repeat_share=0.0, random_share=0.0, continued=0, pool=4096,
-         prompt_tokens=32, continued_tokens=160, pool_temperature=0.0, pool_file=None):
+         prompt_tokens=32, continued_tokens=160, pool_temperature=0.0, pool_file=None, pool_backend="numpy"):
     """Grow the draft to n_layer blocks and distil it for `steps` steps of batch_size windows of the target's n_ctx.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
     repeat_share, random_share: the shares of windows that repeat one of their spans and of windows that are a random
     sequence written over and over (train_pair.batches), where a target that copies can teach the draft to copy.
     continued: rows per step drawn from a pool of `pool` target continuations (prompt_tokens training tokens, then
-    continued_tokens at pool_temperature), beside the batch_size windows; pool_file keeps the pool between runs.
+    continued_tokens at pool_temperature), beside the batch_size windows; pool_file keeps the pool between runs;
+    pool_backend "jax" writes it on an accelerator (jax_backend), minutes of CPU cores saved.
     Evaluations then add the draft's argmax agreement with greedy continuations of held-out prompts."""
     if batch_size < 0 or continued < 0 or batch_size + continued == 0:
         raise ValueError(f"a step needs windows or continuations: batch_size {batch_size}, continued {continued}")
@@ -143,15 +147,16 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
                         "random_share": random_share, "continued": continued}, "evals": []}
     if continued:
         stage["recipe"].update(pool=pool, prompt_tokens=prompt_tokens, continued_tokens=continued_tokens,
-                               pool_temperature=pool_temperature)
+                               pool_temperature=pool_temperature, pool_backend=pool_backend)
         target_file = models_dir / target_name / "model.ckpt.data-00000-of-00001"
         made_with = {"target_sha256": hashlib.sha256(target_file.read_bytes()).hexdigest(), "rows": pool,
                      "prompt_tokens": prompt_tokens, "continued_tokens": continued_tokens,
                      "temperature": pool_temperature}
         pool_rows = load_or_write_pool(pool_file, made_with, lambda: continuations(
-            target_params, target_hparams, train, pool, prompt_tokens, continued_tokens, pool_temperature, rng))
+            target_params, target_hparams, train, pool, prompt_tokens, continued_tokens, pool_temperature, rng,
+            backend=pool_backend))
         greedy_held_out = continuations(target_params, target_hparams, held_out, 64, prompt_tokens, continued_tokens,
-                                        0.0, np.random.default_rng(0))  # the same rows on every run
+                                        0.0, np.random.default_rng(0), backend=pool_backend)  # the same rows each run
         agreement = make_continued_agreement(draft_hparams["n_head"], prompt_tokens)
 
     def metrics():
