@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import utils
+from conftest import REPO
 from test_pack_corpus import packed, train_tiny_pair  # noqa: F401  (packed: the fixture)
 
 jax = pytest.importorskip("jax")
@@ -54,3 +55,14 @@ def test_the_stage_trains_the_target_and_leaves_the_draft(packed, tmp_path):  # 
     stage = json.loads((tmp_path / "training_log.json").read_text())["target_unlikelihood"]
     assert stage["recipe"]["n_tokens"] == 16 and [e["step"] for e in stage["evals"]] == [0, 2]
     assert 0 <= stage["evals"][-1]["looped_tokens"] <= 1
+
+
+def test_the_jax_backend_continues_as_the_host_does():  # --backend jax, for an accelerator
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    prompts = [np.arange(8) * 5 + 100 * row for row in range(3)]
+    on_host = unlikelihood_target.greedy_continuations(params, hparams, prompts, 12)
+    on_jax = unlikelihood_target.greedy_continuations(jax.tree.map(jax.numpy.asarray, params), hparams, prompts, 12,
+                                                      backend="jax")
+    assert on_jax.dtype == np.int32 and on_jax.shape == (3, 20) and np.array_equal(on_host, on_jax)
+    with pytest.raises(ValueError, match="unknown backend"):
+        unlikelihood_target.greedy_continuations(params, hparams, prompts, 12, backend="tpu")

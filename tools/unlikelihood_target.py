@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_pair  # noqa: E402
 import utils  # noqa: E402
 from encoder import get_encoder_from_dir  # noqa: E402
-from engine import gpt2_batched, sampling_batched  # noqa: E402
+from engine import gpt2_batched  # noqa: E402
+from jax_backend import backends  # noqa: E402
 
 
 def repeated_ngram_mask(tokens, start, n=4):
@@ -66,21 +67,28 @@ def make_step(n_head, alpha):
     return step
 
 
-def greedy_continuations(params, hparams, prompts, n_tokens):
+def greedy_continuations(params, hparams, prompts, n_tokens, backend="numpy"):
     """[len(prompts), prompt length + n_tokens] int32: each prompt (all of one length) continued greedily by the
-    target as it is now, all of them in one batched forward pass a token (engine/sampling_batched.py)."""
-    model = gpt2_batched.BatchedGPT2Model(jax.tree.map(np.asarray, params), hparams, len(prompts), layout="plain")
-    return np.stack(sampling_batched.autoregressive_sampling(prompts, model, n_tokens, temperature=0)).astype(np.int32)
+    target as it is now, all of them in one batched forward pass a token: on the host (engine/sampling_batched.py,
+    the plain layout, as the weights change every step) or, backend "jax", by jax_backend's device loop."""
+    if backend == "numpy":
+        model = gpt2_batched.BatchedGPT2Model(jax.tree.map(np.asarray, params), hparams, len(prompts), layout="plain")
+    else:
+        model = backends.make_batched_model(params, hparams, len(prompts), backend)
+    decoders = backends.batched_decoders(model)
+    return np.stack(decoders.autoregressive_sampling(prompts, model, n_tokens, temperature=0)).astype(np.int32)
 
 
 def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096", steps=600, batch_size=8,
          n_prompts=4, prompt_tokens=32, n_tokens=96, ngram=4, alpha=1.0, lr=1e-4, warmup=10, seed=2,
-         eval_every=200, repeat_share=0.0, target_name="teach-target", draft_name="teach-draft", tokens=None):
+         eval_every=200, repeat_share=0.0, target_name="teach-target", draft_name="teach-draft", tokens=None,
+         backend="numpy"):
     """Train the target in models_dir for `steps` steps: cross-entropy on batch_size training windows plus alpha
     times the unlikelihood of the repeated `ngram`-grams in n_prompts greedy continuations of n_tokens tokens
     (prompts of prompt_tokens training tokens). The target is rewritten in place at every evaluation, with this
     stage's recipe and evaluations under "target_unlikelihood" in models_dir's training_log.json.
-    tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's)."""
+    tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
+    backend: where the greedy continuations are decoded, numpy or, on an accelerator, jax."""
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
     encoder = get_encoder_from_dir(bpe_dir)
     train, held_out = train_pair.load_splits(corpus_dir, bpe_dir, encoder, tokens)
@@ -96,7 +104,7 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     log = json.loads((models_dir / "training_log.json").read_text())
     recipe = {"steps": steps, "batch_size": batch_size, "n_prompts": n_prompts, "prompt_tokens": prompt_tokens,
               "n_tokens": n_tokens, "ngram": ngram, "alpha": alpha, "lr": lr, "warmup": warmup, "seed": seed,
-              "repeat_share": repeat_share, "tokens": str(tokens) if tokens else None}
+              "repeat_share": repeat_share, "tokens": str(tokens) if tokens else None, "backend": backend}
     stage = {"recipe": recipe, "evals": []}
     log["target_unlikelihood"] = stage
     stage["evals"].append({"step": 0, **train_pair.held_out_metrics(evaluate, params, held_out, seq_len)})
@@ -106,7 +114,7 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     for step in range(steps):
         starts = rng.integers(0, len(train) - prompt_tokens, n_prompts)
         prompts = [train[s:s + prompt_tokens] for s in starts]
-        continued = greedy_continuations(params["target"], hparams, prompts, n_tokens)
+        continued = greedy_continuations(params["target"], hparams, prompts, n_tokens, backend)
         mask = np.stack([repeated_ngram_mask(row, prompt_tokens, ngram) for row in continued])
         looped.append(mask.sum() / (n_prompts * n_tokens))  # the share of greedy tokens inside a repeated n-gram
         params["target"], opt_state, (text_loss, loop_loss) = step_fn(
