@@ -10,9 +10,12 @@ those tokens.
 Beside every speedup stand the acceptance rate, the accepted lengths, and two measures of copying, so that a
 continuation looping on itself is never sold as speed: `copied_fraction`, the share of the continuation's
 4-grams found in the prompt (drafts.copied_fraction), and `function_reproduced`, the share of the rest of
-the function's 4-grams that the continuation reproduces.
+the function's 4-grams that the continuation reproduces. With --n_tokens 0 each prompt is continued for as many
+tokens as the rest of its function holds, so that all of it can be reproduced; each row then also gives the
+median speedup over the prompts whose continuation reproduces at least half of the function.
 
     python bench/lookup.py [--n_prompts 8] [--n_tokens 96] [--K 2,4,8]
+    python bench/lookup.py --n_prompts 32 --n_tokens 0 --K 4      # room to reproduce each function whole
 
 Temperature 0: speculative tokens must equal the autoregressive ones. Prints one JSON object as its last line.
 """
@@ -44,10 +47,13 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="a model draft measured beside prompt lookup ('' to skip)")
     parser.add_argument("--n_prompts", type=int, default=8)
-    parser.add_argument("--n_tokens", type=int, default=96)
+    parser.add_argument("--n_tokens", type=int, default=96,
+                        help="greedy tokens per prompt; 0: as many as the rest of each function holds")
     parser.add_argument("--restart_lines", type=int, default=2, help="the function's first lines, repeated")
     parser.add_argument("--K", default="2,4,8")
     args = parser.parse_args(argv)
+    if args.n_tokens < 0:
+        parser.error(f"--n_tokens must be 0 (the rest of each function) or more, got {args.n_tokens}")
     args.K = [int(K) for K in args.K.split(",")]
     return args
 
@@ -110,17 +116,16 @@ def main(argv=None):
         for K in args.K:
             per_prompt = []
             for prompt, rest in zip(prompts, rests):
-                timed = {}
+                n_new, timed = args.n_tokens or len(rest), {}
                 for decoder in ("autoregressive", "speculative"):
                     draft.reset()
                     target.reset()
                     stats = sampling.SpeculativeStats()
                     start = time.perf_counter()
                     if decoder == "autoregressive":
-                        out = sampling.autoregressive_sampling(prompt, target, args.n_tokens, temperature=0, stats=stats)
+                        out = sampling.autoregressive_sampling(prompt, target, n_new, temperature=0, stats=stats)
                     else:
-                        out = sampling.speculative_sampling(prompt, draft, target, args.n_tokens, K, temperature=0,
-                                                            stats=stats)
+                        out = sampling.speculative_sampling(prompt, draft, target, n_new, K, temperature=0, stats=stats)
                     timed[decoder] = (out, time.perf_counter() - start, stats)
                 (reference, ar_seconds, _), (out, seconds, stats) = timed["autoregressive"], timed["speculative"]
                 if not np.array_equal(out, reference):
@@ -133,18 +138,21 @@ def main(argv=None):
                                    "function_reproduced": len(rest_grams & set(grams(continuation))) / len(rest_grams)})
             speedups = [row["speedup"] for row in per_prompt]
             alphas = [row["acceptance_rate"] for row in per_prompt if row["acceptance_rate"] is not None]
+            where_copied = [row["speedup"] for row in per_prompt if row["function_reproduced"] >= 0.5]
             row = {"K": K, "median_speedup": statistics.median(speedups), "speedup_range": [min(speedups), max(speedups)],
                    "median_acceptance_rate": statistics.median(alphas) if alphas else None,
                    "accepted_length_counts": np.bincount([n for r in per_prompt for n in r["accepted_lengths"]]
                                                          or [0]).tolist(),
                    "median_copied_fraction": statistics.median(r["copied_fraction"] for r in per_prompt),
-                   "median_function_reproduced": statistics.median(r["function_reproduced"] for r in per_prompt)}
+                   "median_function_reproduced": statistics.median(r["function_reproduced"] for r in per_prompt),
+                   "prompts_reproducing_half": len(where_copied),
+                   "median_speedup_where_reproducing_half": statistics.median(where_copied) if where_copied else None}
             rows.append(row)
             print(json.dumps({"draft": name, **{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}}),
                   flush=True)
         result["by_draft"][name] = rows
     target.reset()
-    sample = sampling.autoregressive_sampling(prompts[0], target, args.n_tokens, temperature=0)
+    sample = sampling.autoregressive_sampling(prompts[0], target, args.n_tokens or len(rests[0]), temperature=0)
     result["sample"] = {"prompt": encoder.decode(prompts[0]), "continuation": encoder.decode(sample[len(prompts[0]):].tolist())}
     result["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas_info(),
                          "load_average": os.getloadavg()}

@@ -206,6 +206,20 @@ def test_lookup_bench_reports_copying_beside_speed():
     assert result["sample"]["prompt"].count("def ") >= 2  # the function, then its first lines again
 
 
+def test_lookup_bench_can_leave_room_for_the_whole_function():  # --n_tokens 0: the copy bar's measure
+    command = [sys.executable, str(REPO / "bench" / "lookup.py"), "--n_prompts", "2", "--n_tokens", "0", "--K", "3",
+               "--draft", ""]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    (row,) = result["by_draft"]["prompt-lookup"]
+    assert result["n_tokens"] == 0 and 0 <= row["prompts_reproducing_half"] <= 2
+    where = row["median_speedup_where_reproducing_half"]
+    assert (where is None) == (row["prompts_reproducing_half"] == 0) and (where is None or where > 0)
+    refused = subprocess.run(command[:2] + ["--n_tokens=-1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert refused.returncode == 2 and "--n_tokens must be 0" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_machine_names_the_cpu_family(tmp_path):
     """'AMD EPYC' alone is both the Zen 3 and the Zen 5 these figures were taken on: the family tells them apart."""
     machine = load_bench("machine")
