@@ -173,29 +173,43 @@ def jax_leaves(tree):
     return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
 
 
-def test_the_model_cards_accelerator_commands_use_existing_flags():
-    """The owed rebuild in models/README.md names only parameters the scripts have, with the recipe's values."""
+def test_the_model_cards_accelerator_commands_are_the_committed_pairs_recipe():
+    """models/README.md's accelerator commands name only parameters the scripts have, with the values that
+    models/training_log.json records for the committed pair."""
     pytest.importorskip("jax")
     import inspect
     import re
 
-    from tools import distill_draft, train_pair
+    from tools import distill_draft, train_pair, unlikelihood_target
 
     card = (REPO / "models" / "README.md").read_text(encoding="utf-8")
-    section = card.split("## Rebuilding the pair on an accelerator (owed)")[1].split("\n## ")[0]
+    section = card.split("## Rebuilding the pair on an accelerator\n")[1].split("\n## ")[0]
     commands = {}
-    for script, main in [("train_pair", train_pair.main), ("distill_draft", distill_draft.main)]:
-        command = re.search(rf"python3 tools/{script}\.py (.*?)&&", section, flags=re.S).group(1)
-        flags = dict(re.findall(r"--(\w+) (\S+)", command))
-        assert set(flags) <= set(inspect.signature(main).parameters), script
-        commands[script] = flags
-    assert commands["train_pair"]["target_shape"] == '"(384,8,6)"' and commands["train_pair"]["seq_len"] == "512"
-    assert commands["train_pair"]["batch_size"] == "64" and commands["train_pair"]["lr"] == "1.5e-3"
-    assert int(commands["train_pair"]["steps"]) >= 1600
-    assert commands["distill_draft"]["steps"] == "800" and commands["distill_draft"]["n_layer"] == "2"
-    # the corpus is packed with the vocabulary train_bpe.py has just written where it writes by default
-    from tools import train_bpe
-
-    assert "python tools/train_bpe.py  " in section
-    packed_with = re.search(r"python tools/pack_corpus\.py --bpe_dir (\S+)", section).group(1)
-    assert packed_with == f"build/bpe{train_bpe.VOCAB_SIZE}"
+    for script, main in [("train_pair", train_pair.main), ("distill_draft", distill_draft.main),
+                         ("unlikelihood_target", unlikelihood_target.main)]:
+        for command in re.findall(rf"python3 tools/{script}\.py (.*?)&&", section, flags=re.S):
+            flags = dict(re.findall(r"--(\w+) (\S+)", command))
+            assert set(flags) <= set(inspect.signature(main).parameters), script
+            commands.setdefault(script, []).append(flags)
+    log = json.loads((REPO / "models" / "training_log.json").read_text())
+    (pair,), (unlikelihood,) = commands["train_pair"], commands["unlikelihood_target"]
+    assert [pair[key] for key in ("steps", "batch_size", "seq_len", "warmup", "repeat_share")] == [
+        str(log["recipe"][key]) for key in ("steps", "batch_size", "seq_len", "warmup", "repeat_share")]
+    assert float(pair["lr"]) == log["recipe"]["lr"]
+    target = log["recipe"]["hparams"]["target"]
+    assert pair["target_shape"] == '"({n_embd},{n_layer},{n_head})"'.format(**target)
+    recorded = log["target_unlikelihood"]["recipe"]
+    assert [unlikelihood[key] for key in ("steps", "batch_size", "n_prompts", "backend")] == [
+        str(recorded[key]) for key in ("steps", "batch_size", "n_prompts", "backend")]
+    # the distillations, oldest first, as the log nests them (each continued_from the one before)
+    stages, stage = [], log["draft_distillation"]
+    while stage:
+        stages.insert(0, stage["recipe"])
+        stage = stage.get("continued_from")
+    assert len(commands["distill_draft"]) == len(stages) == 3
+    for flags, recipe in zip(commands["distill_draft"], stages):
+        assert [flags[key] for key in ("steps", "batch_size", "n_layer")] == [
+            str(recipe[key]) for key in ("steps", "batch_size", "n_layer")]
+        assert float(flags["lr"]) == recipe["lr"] and int(flags.get("continued", 0)) == recipe["continued"]
+    # the corpus is packed with the pair's own vocabulary: pack_corpus.py's default
+    assert re.search(r"python tools/pack_corpus\.py +#", section)
