@@ -100,13 +100,16 @@ def test_the_stage_distils_on_continuations_and_reports_their_agreement(packed, 
     pool_file = tmp_path / "pool.npz"
     distill_draft.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2,
                        batch_size=0, warmup=1, eval_every=2, tokens=tokens, continued=3, pool=5, prompt_tokens=4,
-                       continued_tokens=6, pool_file=pool_file)
+                       continued_tokens=6, pool_file=pool_file, pool_batch=2)
     after = utils.load_encoder_hparams_and_params("teach-draft", tmp_path)[2]
     assert after["wte"].dtype == np.float32 and not np.array_equal(after["wte"], before["wte"])
     assert np.load(pool_file)["rows"].shape == (5, 10)
     stage = json.loads((tmp_path / "training_log.json").read_text())["draft_distillation"]
     assert stage["recipe"]["continued"] == 3 and stage["recipe"]["pool_temperature"] == 0.0
+    assert stage["recipe"]["pool_batch"] == 2
     assert [e["step"] for e in stage["evals"]] == [0, 2]
     assert all(0 <= e["greedy_continuation_agreement"] <= 1 for e in stage["evals"])
     with pytest.raises(ValueError, match="a step needs windows or continuations"):
         distill_draft.main(models_dir=tmp_path, bpe_dir=pack_dir, tokens=tokens, batch_size=0, continued=0)
+    with pytest.raises(ValueError, match="pool_batch must be at least 1"):
+        distill_draft.main(models_dir=tmp_path, bpe_dir=pack_dir, tokens=tokens, continued=3, pool_batch=0)

@@ -116,17 +116,20 @@ def make_continued_agreement(draft_heads, prompt_tokens):
 def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096", steps=150, n_layer=2,
          batch_size=16, lr=1e-3, warmup=10, seed=1, eval_every=50, target_name="teach-target",
          draft_name="teach-draft", tokens=None, repeat_share=0.0, random_share=0.0, continued=0, pool=4096,
-         prompt_tokens=32, continued_tokens=160, pool_temperature=0.0, pool_file=None, pool_backend="numpy"):
+         prompt_tokens=32, continued_tokens=160, pool_temperature=0.0, pool_file=None, pool_backend="numpy",
+         pool_batch=64):
     """Grow the draft to n_layer blocks and distil it for `steps` steps of batch_size windows of the target's n_ctx.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
     repeat_share, random_share: the shares of windows that repeat one of their spans and of windows that are a random
     sequence written over and over (train_pair.batches), where a target that copies can teach the draft to copy.
     continued: rows per step drawn from a pool of `pool` target continuations (prompt_tokens training tokens, then
     continued_tokens at pool_temperature), beside the batch_size windows; pool_file keeps the pool between runs;
-    pool_backend "jax" writes it on an accelerator (jax_backend), minutes of CPU cores saved.
-    Evaluations then add the draft's argmax agreement with greedy continuations of held-out prompts."""
+    pool_backend "jax" writes it on an accelerator (jax_backend), minutes of CPU cores saved, pool_batch rows at a
+    time (an accelerator's memory holds hundreds). Evaluations then add the draft's argmax agreement with greedy continuations of held-out prompts."""
     if batch_size < 0 or continued < 0 or batch_size + continued == 0:
         raise ValueError(f"a step needs windows or continuations: batch_size {batch_size}, continued {continued}")
+    if pool_batch < 1:
+        raise ValueError(f"pool_batch must be at least 1, not {pool_batch}")
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
     encoder = get_encoder_from_dir(bpe_dir)
     train, held_out = train_pair.load_splits(corpus_dir, bpe_dir, encoder, tokens)
@@ -147,14 +150,15 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
                         "random_share": random_share, "continued": continued}, "evals": []}
     if continued:
         stage["recipe"].update(pool=pool, prompt_tokens=prompt_tokens, continued_tokens=continued_tokens,
-                               pool_temperature=pool_temperature, pool_backend=pool_backend)
+                               pool_temperature=pool_temperature, pool_backend=pool_backend,
+                               pool_batch=pool_batch)
         target_file = models_dir / target_name / "model.ckpt.data-00000-of-00001"
         made_with = {"target_sha256": hashlib.sha256(target_file.read_bytes()).hexdigest(), "rows": pool,
                      "prompt_tokens": prompt_tokens, "continued_tokens": continued_tokens,
                      "temperature": pool_temperature}
         pool_rows = load_or_write_pool(pool_file, made_with, lambda: continuations(
             target_params, target_hparams, train, pool, prompt_tokens, continued_tokens, pool_temperature, rng,
-            backend=pool_backend))
+            batch_size=pool_batch, backend=pool_backend))
         greedy_held_out = continuations(target_params, target_hparams, held_out, 64, prompt_tokens, continued_tokens,
                                         0.0, np.random.default_rng(0), backend=pool_backend)  # the same rows each run
         agreement = make_continued_agreement(draft_hparams["n_head"], prompt_tokens)
