@@ -206,10 +206,12 @@ def test_the_model_cards_accelerator_commands_are_the_committed_pairs_recipe():
     while stage:
         stages.insert(0, stage["recipe"])
         stage = stage.get("continued_from")
-    assert len(commands["distill_draft"]) == len(stages) == 3
+    assert len(commands["distill_draft"]) == len(stages) == 5
     for flags, recipe in zip(commands["distill_draft"], stages):
         assert [flags[key] for key in ("steps", "batch_size", "n_layer")] == [
             str(recipe[key]) for key in ("steps", "batch_size", "n_layer")]
         assert float(flags["lr"]) == recipe["lr"] and int(flags.get("continued", 0)) == recipe["continued"]
+        for key in {"pool", "seed", "warmup", "pool_batch"} & set(flags):
+            assert int(flags[key]) == recipe[key], key
     # the corpus is packed with the pair's own vocabulary: pack_corpus.py's default
     assert re.search(r"python tools/pack_corpus\.py +#", section)
