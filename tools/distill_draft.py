@@ -125,7 +125,8 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     continued: rows per step drawn from a pool of `pool` target continuations (prompt_tokens training tokens, then
     continued_tokens at pool_temperature), beside the batch_size windows; pool_file keeps the pool between runs;
     pool_backend "jax" writes it on an accelerator (jax_backend), minutes of CPU cores saved, pool_batch rows at a
-    time (an accelerator's memory holds hundreds). Evaluations then add the draft's argmax agreement with greedy continuations of held-out prompts."""
+    time (an accelerator's memory holds hundreds). Evaluations then add the draft's argmax agreement with greedy
+    continuations of held-out prompts."""
     if batch_size < 0 or continued < 0 or batch_size + continued == 0:
         raise ValueError(f"a step needs windows or continuations: batch_size {batch_size}, continued {continued}")
     if pool_batch < 1:
