@@ -108,6 +108,7 @@ def main(argv=None):
     max_function_tokens = (hparams["n_ctx"] - args.n_tokens) // 2 - 8
     functions = numpy_functions(encoder, args.n_prompts, max_function_tokens)
     prompts, rests = zip(*(repeat_prompt(encoder, function, args.restart_lines) for function in functions))
+    n_new_tokens = [args.n_tokens or len(rest) for rest in rests]  # --n_tokens 0: room for the whole rest
 
     result = {"target": args.target, "n_prompts": len(prompts), "n_tokens": args.n_tokens,
               "restart_lines": args.restart_lines, "numpy_version": np.__version__, "by_draft": {}}
@@ -115,8 +116,8 @@ def main(argv=None):
         rows = []
         for K in args.K:
             per_prompt = []
-            for prompt, rest in zip(prompts, rests):
-                n_new, timed = args.n_tokens or len(rest), {}
+            for prompt, rest, n_new in zip(prompts, rests, n_new_tokens):
+                timed = {}
                 for decoder in ("autoregressive", "speculative"):
                     draft.reset()
                     target.reset()
@@ -152,7 +153,7 @@ def main(argv=None):
                   flush=True)
         result["by_draft"][name] = rows
     target.reset()
-    sample = sampling.autoregressive_sampling(prompts[0], target, args.n_tokens or len(rests[0]), temperature=0)
+    sample = sampling.autoregressive_sampling(prompts[0], target, n_new_tokens[0], temperature=0)
     result["sample"] = {"prompt": encoder.decode(prompts[0]), "continuation": encoder.decode(sample[len(prompts[0]):].tolist())}
     result["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas_info(),
                          "load_average": os.getloadavg()}
