@@ -122,6 +122,18 @@ def test_sample_frequencies_follow_probs():
     np.testing.assert_allclose(counts / 20_000, probs, atol=0.015)
 
 
+def test_sample_inverts_the_cdf_summed_in_float64_token_after_token():
+    """Seeded runs rely on which token each uniform gives: the one whose float64 cumulative mass, summed in order,
+    first exceeds u times the total. Uniforms at and just around every step of that CDF give it."""
+    probs = np.random.default_rng(1).dirichlet(np.full(4096, 0.05)).astype(np.float32)
+    cdf = np.cumsum(probs, dtype=np.float64)  # the reference sums
+    steps = cdf[:-1] / cdf[-1]
+    uniforms = np.concatenate([steps, np.nextafter(steps, 0), np.nextafter(steps, 1)])
+    uniforms = uniforms[uniforms < 1]
+    drawn = [sampling.sample(probs, FixedUniforms([u])) for u in uniforms]
+    assert drawn == np.searchsorted(cdf, uniforms * cdf[-1], side="right").tolist()
+
+
 def test_max_fn_normalises_the_positive_part_and_falls_back_without_dividing_by_zero():
     np.testing.assert_allclose(sampling.max_fn(np.array([0.5, -0.2, 0.1], np.float32)), [5 / 6, 0, 1 / 6], rtol=1e-6)
     q = np.array([0.25, 0.75], np.float32)
