@@ -149,7 +149,7 @@ def test_training_resumes_where_it_was_interrupted_and_warm_starts_from_a_pair(p
 
 def test_training_windows_repeat_spans_and_random_sequences_on_request():
     """repeat_share windows hold one of their own spans twice; random_share windows are a random sequence written
-    over and over; the rest are the corpus's own tokens."""
+    over and over; twice_share windows end in a span written twice in a row; the rest are the corpus's own tokens."""
     pytest.importorskip("jax")
     from tools import train_pair
 
@@ -165,6 +165,13 @@ def test_training_windows_repeat_spans_and_random_sequences_on_request():
         period = next(n for n in range(32, 65) if np.array_equal(window[n:], window[:-n]))
         assert int(window.max()) < 4096 and len(set(window[:period].tolist())) > period // 2  # random, not a run
     assert len({tuple(window[:8]) for window in windows}) == 16  # each window draws its own sequence
+    lengths = []
+    for window in next(train_pair.batches(corpus, 16, 128, np.random.default_rng(0), twice_share=1.0)):
+        breaks = np.flatnonzero(np.diff(window) != 1)  # the corpus counts up: only the second copy's start breaks it
+        length = len(window) - 1 - int(breaks[0])
+        assert len(breaks) == 1 and 32 <= length <= 64 and np.array_equal(window[-length:], window[-2 * length:-length])
+        lengths.append(length)
+    assert len(set(lengths)) > 4  # lengths vary
 
 
 def jax_leaves(tree):

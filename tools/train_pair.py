@@ -69,7 +69,7 @@ def span_length(seq_len, rng):  # 32-128 tokens, fewer in short windows
     return int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
 
 
-def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0, n_vocab=None):
+def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0, n_vocab=None, twice_share=0.0):
     """Endless random windows of seq_len + 1 tokens: [batch_size, seq_len + 1].
 
     A share of the windows (repeat_share) gets one of its own spans (32-128 tokens, fewer in short windows)
@@ -77,7 +77,10 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
     copy rewards copying, which makes induction heads (two attention layers composing) form early. A share of the windows
     (random_share) is instead a sequence of uniformly random tokens (ids below n_vocab, 32-128 of them) written over and
     over: after its first period only copying predicts it, with no n-gram statistics to fall back on, the synthetic task
-    of Olsson et al. (2022, "In-context Learning and Induction Heads")."""
+    of Olsson et al. (2022, "In-context Learning and Induction Heads"). A share of the windows (twice_share) ends in one
+    of its spans (32 tokens to half the window) written twice in a row, the second copy running to the window's end,
+    as in a prompt that repeats a function: where repeat_share's copies stop after at most 128 tokens and the
+    window's own text resumes, these reward trusting a copy to its end."""
     while True:
         starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
         windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
@@ -91,6 +94,10 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
             for row in np.flatnonzero(rng.random(batch_size) < random_share):
                 period = span_length(seq_len, rng)
                 windows[row] = np.resize(rng.integers(0, n_vocab, period), seq_len + 1)
+        if twice_share:  # likewise
+            for row in np.flatnonzero(rng.random(batch_size) < twice_share):
+                length = int(rng.integers(32, (seq_len + 1) // 2 + 1))
+                windows[row, -length:] = windows[row, -2 * length:-length]
         yield windows
 
 
@@ -250,12 +257,12 @@ def warm_start(init_from, names, encoder):
 def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", steps=1500, batch_size=16,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250,
          target_shape=(256, 12, 8), draft_shape=(128, 1, 4), target_name="teach-target", draft_name="teach-draft",
-         tokens=None, repeat_share=0.0, random_share=0.0, init_from=None, state_dir="~/.cache/speculative-kit/train_pair",
-         save_minutes=5.0):
+         tokens=None, repeat_share=0.0, random_share=0.0, twice_share=0.0, init_from=None,
+         state_dir="~/.cache/speculative-kit/train_pair", save_minutes=5.0):
     """Train the pair for `steps` steps; shapes are (n_embd, n_layer, n_head); n_ctx is seq_len.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
     repeat_share: the share of training windows that repeat one of their spans, random_share the share that repeat
-    a sequence of random tokens (see batches).
+    a sequence of random tokens, twice_share the share that end in a span written twice (see batches).
     init_from: a folder holding target_name and draft_name to start from (their shapes and n_ctx replace the
     shapes and seq_len given). state_dir: where the run saves its state every save_minutes and resumes from."""
     corpus_dir, bpe_dir, out_dir, state_dir = Path(corpus_dir), Path(bpe_dir), Path(out_dir), Path(state_dir).expanduser()
@@ -276,6 +283,7 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
     recipe = {"steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "warmup": warmup,
               "seed": seed, "hparams": hparams, "tokens": str(tokens) if tokens else None,
               "repeat_share": repeat_share, "random_share": random_share,
+              **({"twice_share": twice_share} if twice_share else {}),  # runs before it resume unchanged
               "init_from": str(init_from) if init_from else None}
     state = load_state(state_dir, recipe)
     if state is None:
@@ -298,7 +306,7 @@ def main(corpus_dir="build/corpus", bpe_dir="build/bpe4096", out_dir="models", s
         save_state(state_dir, {"params": params, "opt_state": opt_state, "log": log, "rng": rng.bit_generator.state})
 
     started, minutes_before, last_save = time.perf_counter(), log["minutes"], time.perf_counter()
-    data = batches(train, batch_size, seq_len, rng, repeat_share, random_share, encoder.n_vocab)
+    data = batches(train, batch_size, seq_len, rng, repeat_share, random_share, encoder.n_vocab, twice_share)
     for step in range(log["steps_done"], steps):
         batch = next(data)
         params, opt_state, target_loss, draft_loss = train_step(
