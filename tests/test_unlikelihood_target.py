@@ -47,13 +47,15 @@ def test_the_stage_trains_the_target_and_leaves_the_draft(packed, tmp_path):  # 
     train_tiny_pair(pack_dir, tmp_path)
     before = {role: utils.load_encoder_hparams_and_params(f"teach-{role}", tmp_path)[2] for role in ("target", "draft")}
     unlikelihood_target.main(models_dir=tmp_path, corpus_dir=tmp_path / "no-corpus", bpe_dir=pack_dir, steps=2,
-                             batch_size=2, n_prompts=2, prompt_tokens=8, n_tokens=16, eval_every=2, tokens=tokens)
+                             batch_size=2, n_prompts=2, prompt_tokens=8, n_tokens=16, eval_every=2, tokens=tokens,
+                             twice_share=0.5)
     after = {role: utils.load_encoder_hparams_and_params(f"teach-{role}", tmp_path)[2] for role in ("target", "draft")}
     assert after["target"]["wte"].dtype == np.float32
     assert not np.array_equal(after["target"]["wte"], before["target"]["wte"])
     assert np.array_equal(after["draft"]["wte"], before["draft"]["wte"])
     stage = json.loads((tmp_path / "training_log.json").read_text())["target_unlikelihood"]
-    assert stage["recipe"]["n_tokens"] == 16 and [e["step"] for e in stage["evals"]] == [0, 2]
+    assert stage["recipe"]["n_tokens"] == 16 and stage["recipe"]["twice_share"] == 0.5
+    assert [e["step"] for e in stage["evals"]] == [0, 2]
     assert 0 <= stage["evals"][-1]["looped_tokens"] <= 1
 
 

@@ -77,10 +77,10 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
     copy rewards copying, which makes induction heads (two attention layers composing) form early. A share of the windows
     (random_share) is instead a sequence of uniformly random tokens (ids below n_vocab, 32-128 of them) written over and
     over: after its first period only copying predicts it, with no n-gram statistics to fall back on, the synthetic task
-    of Olsson et al. (2022, "In-context Learning and Induction Heads"). A share of the windows (twice_share) ends in one
-    of its spans (32 tokens to half the window) written twice in a row, the second copy running to the window's end,
-    as in a prompt that repeats a function: where repeat_share's copies stop after at most 128 tokens and the
-    window's own text resumes, these reward trusting a copy to its end."""
+    of Olsson et al. (2022, "In-context Learning and Induction Heads"). A share of the windows (twice_share) ends
+    in one of its spans (32 tokens, fewer in short windows, to half the window) written twice in a row, the second
+    copy running to the window's end, as in a prompt that repeats a function: where repeat_share's copies stop
+    after at most 128 tokens and the window's own text resumes, these reward trusting a copy to its end."""
     while True:
         starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
         windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
@@ -96,7 +96,7 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
                 windows[row] = np.resize(rng.integers(0, n_vocab, period), seq_len + 1)
         if twice_share:  # likewise
             for row in np.flatnonzero(rng.random(batch_size) < twice_share):
-                length = int(rng.integers(32, (seq_len + 1) // 2 + 1))
+                length = int(rng.integers(min(32, (seq_len + 1) // 4), (seq_len + 1) // 2 + 1))
                 windows[row, -length:] = windows[row, -2 * length:-length]
         yield windows
 

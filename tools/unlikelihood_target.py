@@ -81,12 +81,15 @@ def greedy_continuations(params, hparams, prompts, n_tokens, backend="numpy"):
 
 def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096", steps=600, batch_size=8,
          n_prompts=4, prompt_tokens=32, n_tokens=96, ngram=4, alpha=1.0, lr=1e-4, warmup=10, seed=2,
-         eval_every=200, repeat_share=0.0, target_name="teach-target", draft_name="teach-draft", tokens=None,
-         backend="numpy"):
+         eval_every=200, repeat_share=0.0, twice_share=0.0, target_name="teach-target", draft_name="teach-draft",
+         tokens=None, backend="numpy"):
     """Train the target in models_dir for `steps` steps: cross-entropy on batch_size training windows plus alpha
     times the unlikelihood of the repeated `ngram`-grams in n_prompts greedy continuations of n_tokens tokens
     (prompts of prompt_tokens training tokens). The target is rewritten in place at every evaluation, with this
     stage's recipe and evaluations under "target_unlikelihood" in models_dir's training_log.json.
+    repeat_share, twice_share: the shares of training windows that repeat one of their spans and that end in a span
+    written twice (train_pair.batches): cross-entropy there rewards copying from the context, while the
+    unlikelihood term penalises repeating the continuation's own text.
     tokens: a tokens.npz from tools/pack_corpus.py, read instead of corpus_dir (its vocabulary must be bpe_dir's).
     backend: where the greedy continuations are decoded, numpy or, on an accelerator, jax."""
     models_dir, corpus_dir, bpe_dir = Path(models_dir), Path(corpus_dir), Path(bpe_dir)
@@ -104,12 +107,13 @@ def main(models_dir="models", corpus_dir="build/corpus", bpe_dir="build/bpe4096"
     log = json.loads((models_dir / "training_log.json").read_text())
     recipe = {"steps": steps, "batch_size": batch_size, "n_prompts": n_prompts, "prompt_tokens": prompt_tokens,
               "n_tokens": n_tokens, "ngram": ngram, "alpha": alpha, "lr": lr, "warmup": warmup, "seed": seed,
-              "repeat_share": repeat_share, "tokens": str(tokens) if tokens else None, "backend": backend}
+              "repeat_share": repeat_share, **({"twice_share": twice_share} if twice_share else {}),
+              "tokens": str(tokens) if tokens else None, "backend": backend}
     stage = {"recipe": recipe, "evals": []}
     log["target_unlikelihood"] = stage
     stage["evals"].append({"step": 0, **train_pair.held_out_metrics(evaluate, params, held_out, seq_len)})
     print("held-out", json.dumps(stage["evals"][-1]), flush=True)
-    data = train_pair.batches(train, batch_size, seq_len, rng, repeat_share)
+    data = train_pair.batches(train, batch_size, seq_len, rng, repeat_share, twice_share=twice_share)
     started, looped = time.perf_counter(), []
     for step in range(steps):
         starts = rng.integers(0, len(train) - prompt_tokens, n_prompts)
