@@ -294,9 +294,15 @@ def keep_top_p(probs, top_p):  # [..., n] -> [..., n], renormalised over the nuc
 def sample(probs, rng):  # [n_vocab] -> a token id
     """Draw a token by inverse CDF with one uniform number; a token of probability zero is never drawn: the
     CDF is summed in float64 and scaled by its total, so float32 rounding cannot make the draw fall off the
-    end, and searchsorted(side="right") returns the first token whose cumulative mass exceeds u."""
-    cdf = probs.astype(np.float64).cumsum()  # the same sums as cumsum(dtype=float64), at half its cost
-    u = as_generator(rng).random() * cdf[-1]
+    end, and searchsorted(side="right") returns the first token whose cumulative mass exceeds u.
+    A row with one nonzero entry (temperature 0's one-hot) skips the sum: its CDF has one step, so every u gives
+    that token; the uniform is drawn all the same, so the uniforms after it are those the general case would see."""
+    rng = as_generator(rng)
+    if np.count_nonzero(probs) == 1:
+        rng.random()
+        return int(np.argmax(probs))
+    cdf = probs.cumsum(dtype=np.float64)
+    u = rng.random() * cdf[-1]
     token = int(np.searchsorted(cdf, u, side="right"))
     if token == len(cdf):  # u rounded up to the total itself
         token = int(np.flatnonzero(probs)[-1])

@@ -134,6 +134,17 @@ def test_sample_inverts_the_cdf_summed_in_float64_token_after_token():
     assert drawn == np.searchsorted(cdf, uniforms * cdf[-1], side="right").tolist()
 
 
+def test_a_one_hot_row_gives_its_token_and_uses_one_uniform_as_any_row_does():
+    """Temperature 0's one-hot rows skip the CDF; the token and the uniforms left are what the CDF would give."""
+    one_hot = sampling.one_hot(np.array(2999), 4096)
+    for u in [0.0, 0.5, 1 - 2**-53]:
+        assert sampling.sample(one_hot, FixedUniforms([u])) == 2999
+    rng, same_seed = np.random.default_rng(7), np.random.default_rng(7)
+    sampling.sample(one_hot, rng)
+    sampling.sample(np.full(4096, 1 / 4096, np.float32), same_seed)
+    assert rng.random() == same_seed.random()
+
+
 def test_max_fn_normalises_the_positive_part_and_falls_back_without_dividing_by_zero():
     np.testing.assert_allclose(sampling.max_fn(np.array([0.5, -0.2, 0.1], np.float32)), [5 / 6, 0, 1 / 6], rtol=1e-6)
     q = np.array([0.25, 0.75], np.float32)
