@@ -17,6 +17,7 @@ well the formula predicts. `expected_speedup_one_step` is the same with v = 1, t
     python bench/pair.py --temperature 1 --K 4,auto        # alpha when sampling
     python bench/pair.py --draft prompt-lookup --K 2,4,8   # drafts copied from the text (speedup/drafts.py)
     python bench/pair.py --heldout tests/fixtures/heldout_sample.txt --n_prompts 8
+    python bench/pair.py --K 4 --prompt_offset 0.5           # a second set of prompts, halfway between the first
 
 Prints one JSON line per K as it goes, then one JSON object as its last line.
 """
@@ -52,6 +53,9 @@ def parse_args(argv=None):
     parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
     parser.add_argument("--n_prompts", type=int, default=24)
     parser.add_argument("--prompt_tokens", type=int, default=32)
+    parser.add_argument("--prompt_offset", type=float, default=0.0,
+                        help="where in its share of the text each prompt starts, from 0 up to 1 (0.5: another set of "
+                             "prompts, halfway between the default ones, to check a pair chosen on those)")
     parser.add_argument("--n_tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--K", default="1,2,3,4,5,6,8,10,12,auto", help="comma-separated integers and auto")
@@ -63,6 +67,8 @@ def parse_args(argv=None):
         parser.error(f"--K takes comma-separated integers and auto, got {args.K!r}")
     if any(K != "auto" and K < 1 for K in args.K) or args.n_prompts < 1 or args.n_tokens < 1:
         parser.error("--K values, --n_prompts and --n_tokens must be positive")
+    if not 0 <= args.prompt_offset < 1:
+        parser.error(f"--prompt_offset must be at least 0 and below 1, got {args.prompt_offset}")
     return args
 
 
@@ -145,13 +151,15 @@ def main(argv=None):
         draft = gpt2.GPT2Model(draft_params, draft_hparams)
     tokens = held_out_tokens(encoder, args.heldout)
     stride = (len(tokens) - args.prompt_tokens - 1) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
+    starts = [int(args.prompt_offset * stride) + i * stride for i in range(args.n_prompts)]
+    prompts = [tokens[start:start + args.prompt_tokens] for start in starts]
     settings = sampling.SamplingSettings(temperature=args.temperature)
     measured = costs.measure_costs(target, draft, prompts[0], settings)  # for auto, and the record
     plan = layouts.measure_plan(target_params)  # what GPT2Model chose for the target (measured once per process)
 
     result = {"draft": args.draft, "target": args.target, "heldout": args.heldout, "n_prompts": args.n_prompts,
-              "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "temperature": args.temperature,
+              "prompt_tokens": args.prompt_tokens, "prompt_offset": args.prompt_offset, "n_tokens": args.n_tokens,
+              "temperature": args.temperature,
               "costs": measured.as_dict(), "layout_plan": plan.summary(),
               "by_K": []}
     for K in args.K:

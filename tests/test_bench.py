@@ -141,11 +141,12 @@ def test_gpu_bench_smoke_run_on_the_cpu():
 def test_pair_bench_runs_on_the_held_out_sample(temperature):
     command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
                "--n_prompts", "3", "--n_tokens", "16", "--K", "1,4,auto", "--perplexity_tokens", "200",
-               "--temperature", str(temperature)]
+               "--temperature", str(temperature), "--prompt_offset", str(temperature / 2)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert [row["K"] for row in result["by_K"]] == [1, 4, "auto"] and result["temperature"] == temperature
+    assert result["prompt_offset"] == temperature / 2  # temperature 1 runs the second set of prompts
     for row in result["by_K"]:
         assert 0 <= row["acceptance_rate"] <= 1 and row["median_speedup"] > 0
         low, high = row["speedup_range"]["min"], row["speedup_range"]["max"]
@@ -162,6 +163,14 @@ def test_pair_bench_runs_on_the_held_out_sample(temperature):
     assert len(result["costs"]["verify_steps"]) == 16 and result["costs"]["cost_ratio"] > 0
     assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
     assert result["machine"]["cpu"] and result["machine"]["blas"]["name"]  # what the speed depends on
+
+
+@pytest.mark.parametrize("offset", ["1", "-0.1", "nan"])
+def test_pair_bench_refuses_a_prompt_offset_outside_its_share_of_the_text(offset):
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--prompt_offset", offset]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert completed.returncode == 2 and "--prompt_offset must be at least 0 and below 1" in completed.stderr
+    assert "Traceback" not in completed.stderr
 
 
 def test_pair_bench_takes_prompt_lookup_as_the_draft():
