@@ -213,7 +213,7 @@ def test_the_model_cards_accelerator_commands_are_the_committed_pairs_recipe():
     while stage:
         stages.insert(0, stage["recipe"])
         stage = stage.get("continued_from")
-    assert len(commands["distill_draft"]) == len(stages) == 5
+    assert len(commands["distill_draft"]) == len(stages) == 6
     for flags, recipe in zip(commands["distill_draft"], stages):
         assert [flags[key] for key in ("steps", "batch_size", "n_layer")] == [
             str(recipe[key]) for key in ("steps", "batch_size", "n_layer")]
