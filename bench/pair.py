@@ -159,8 +159,7 @@ def main(argv=None):
 
     result = {"draft": args.draft, "target": args.target, "heldout": args.heldout, "n_prompts": args.n_prompts,
               "prompt_tokens": args.prompt_tokens, "prompt_offset": args.prompt_offset, "n_tokens": args.n_tokens,
-              "temperature": args.temperature,
-              "costs": measured.as_dict(), "layout_plan": plan.summary(),
+              "temperature": args.temperature, "costs": measured.as_dict(), "layout_plan": plan.summary(),
               "by_K": []}
     for K in args.K:
         row, _ = measure_K(K, prompts, draft, target, measured, args)

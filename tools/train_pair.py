@@ -65,8 +65,8 @@ def load_splits(corpus_dir, bpe_dir, encoder, tokens=None):
             load_tokens(corpus_dir / "heldout.txt", encoder, bpe_dir / "heldout_tokens.npy"))
 
 
-def span_length(seq_len, rng):  # 32-128 tokens, fewer in short windows
-    return int(rng.integers(min(32, (seq_len + 1) // 4), min(128, (seq_len + 1) // 2) + 1))
+def span_length(seq_len, rng, longest=128):  # 32 to `longest` tokens, fewer in short windows
+    return int(rng.integers(min(32, (seq_len + 1) // 4), min(longest, (seq_len + 1) // 2) + 1))
 
 
 def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0, n_vocab=None, twice_share=0.0):
@@ -96,7 +96,7 @@ def batches(tokens, batch_size, seq_len, rng, repeat_share=0.0, random_share=0.0
                 windows[row] = np.resize(rng.integers(0, n_vocab, period), seq_len + 1)
         if twice_share:  # likewise
             for row in np.flatnonzero(rng.random(batch_size) < twice_share):
-                length = int(rng.integers(min(32, (seq_len + 1) // 4), (seq_len + 1) // 2 + 1))
+                length = span_length(seq_len, rng, longest=seq_len)  # up to half the window
                 windows[row, -length:] = windows[row, -2 * length:-length]
         yield windows
 
