@@ -1,0 +1,15 @@
+"""Verifiers beyond Algorithm 2, each read beside its paper as sampling.py is read beside Chen et al. 2023.
+
+The draft-then-verify loop stays; the rule that decides which drafted tokens the target keeps changes:
+
+- block.py: block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", 2024),
+  which judges the K drafts as one block and keeps the longest prefix that passes;
+- multi_draft.py: several drafts by recursive rejection sampling (SpecInfer, Miao et al. 2023; Recursive
+  Speculative Decoding, Jeon et al. 2024), candidates tried in turn against a residual that shrinks;
+- tree.py: the same rule over a token tree that the target scores in one call (SpecInfer; Medusa and EAGLE's
+  tree attention), with top-k one-hot children and prompt lookup with several matches as trees.
+
+Each decoder has sampling.speculative_sampling's contract (both model contracts, the same stats) and reuses
+sampling.py's primitives (sample, max_fn, next_token_probs, draw_drafts). classroom/exact_law.py proves each
+exact on small tables; classroom/lossless.py checks each by sampling.
+"""
