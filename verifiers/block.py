@@ -16,9 +16,10 @@ drafts (q_0 follows x itself), so q has K + 1 rows and p has K:
     tau = the largest i in 1..K with eta_i < h_i, else 0                  eta_1..eta_K ~ U[0, 1], all drawn
 
 The loop keeps x~_1..x~_tau and adds one token drawn from q_K if tau = K (the bonus token), else from
-norm((b_tau q_tau - p_tau)+). At K = 1, at temperature 0 and for one-hot drafts (prompt lookup) this is
-token verification exactly; with sampled drafts it keeps at least as many drafts per loop on average, and
-the paper proves no other valid verifier keeps more (10/9 -> 11/9 drafts per loop in its two-token example).
+norm((b_tau q_tau - p_tau)+). At K = 1 and for one-hot drafts (prompt lookup, or any draft at temperature 0)
+tau has token verification's law exactly, so the gain needs sampled drafts; with them block verification
+keeps at least as many drafts per loop on average, and the paper proves that no valid verifier keeps more
+(10/9 -> 11/9 drafts per loop in its two-token example, K = 2, p = (2/3, 1/3), q = (1/3, 2/3)).
 
 The stats are sampling.py's: per loop `accepted` grows by tau and one token is "corrected" (tau < K) or
 "bonus" (tau = K). Their alpha, accepted / (accepted + corrected), is therefore not the per-draft acceptance
