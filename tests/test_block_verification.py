@@ -254,8 +254,8 @@ def test_the_codes_b_h_tau_and_residual_are_the_papers():
             tau, probs = verify_block(np.array(drafts), p, q, uniforms)
             assert not uniforms.values  # one eta per position, all drawn
             assert tau == max((i for i in range(1, K + 1) if eta[i - 1] < h[i]), default=0)
-            residual = (q[K] if tau == K else
-                        [float(max(b[tau] * q_v - p_v, 0)) for q_v, p_v in zip(toy.q(drafts[:tau]), toy.p(drafts[:tau]))])
+            exact_q, exact_p = toy.q(drafts[:tau]), toy.p(drafts[:tau])
+            residual = q[K] if tau == K else [float(max(b[tau] * q_v - p_v, 0)) for q_v, p_v in zip(exact_q, exact_p)]
             np.testing.assert_allclose(probs, np.array(residual) / np.sum(residual), atol=1e-5)
 
 
