@@ -24,8 +24,9 @@ def close(a, b, tolerance=1e-6):
     return a is not None and math.isclose(float(a), float(b), rel_tol=tolerance, abs_tol=tolerance)
 
 
-ALPHA_ONE = ("alpha = 1 divides 0 by 0 in (1 - alpha^(K+1)) / (1 - alpha): every draft is accepted there, so a "
-             "loop yields K + 1 tokens (the sum 1 + alpha + ... + alpha^K at alpha = 1); treat alpha = 1 apart")
+ALPHA_ONE = ("alpha = 1 divides 0 by 0 in a closed form over 1 - alpha, such as (1 - alpha^(K+1)) / (1 - alpha): "
+             "every draft is accepted there, so every loop yields exactly K + 1 tokens (the sum 1 + alpha + ... + "
+             "alpha^K at alpha = 1); treat alpha = 1 apart")
 
 
 def at(function, alpha, *args):
