@@ -3,14 +3,19 @@
 It returns "correct", "unsolved" (the answer is still the notebook's stub, which raises NotImplementedError
 or is None) or "not yet: ..." with a hint. The checks test properties and compare with simulations or with
 sampling.py where they can, rather than with a copy of the solution; tests/test_exercises.py runs them on
-the solutions (notebooks/solutions/) and on wrong answers.
+the solutions (notebooks/solutions/), on the textbook formulas a student would type, and on wrong answers.
+A correct formula that divides 0 by 0 at an edge (alpha = 1, p(x) = q(x) = 0) gets a hint about that edge,
+never a bare exception. `blind_bugs()` and `blind_diff(label)` hand out exercise 11's quiz: five decoders of
+the bug zoo, unnamed.
 """
 
 import math
+import re
+
 import numpy as np
 
 import sampling
-from classroom import lossless
+from classroom import bug_zoo, lossless
 
 GRID = [(alpha, K) for alpha in (0.0, 0.3, 0.75, 0.99, 1.0) for K in (1, 2, 4, 8)]
 
@@ -19,34 +24,54 @@ def close(a, b, tolerance=1e-6):
     return a is not None and math.isclose(float(a), float(b), rel_tol=tolerance, abs_tol=tolerance)
 
 
-def simulated_tokens_per_loop(alpha, K, rng, n=200_000):
+ALPHA_ONE = ("alpha = 1 divides 0 by 0 in a closed form over 1 - alpha, such as (1 - alpha^(K+1)) / (1 - alpha): "
+             "every draft is accepted there, so every loop yields exactly K + 1 tokens (the sum 1 + alpha + ... + "
+             "alpha^K at alpha = 1); treat alpha = 1 apart")
+
+
+def at(function, alpha, *args):
+    """function(alpha, *args), with a textbook formula's ZeroDivisionError at alpha = 1 turned into the hint."""
+    try:
+        return function(alpha, *args)
+    except ZeroDivisionError:
+        if alpha == 1:
+            raise AssertionError(ALPHA_ONE) from None
+        raise
+
+
+def simulated_loop_tokens(alpha, K, rng, n=200_000):  # -> the tokens of n loops
     accepted = rng.random((n, K)) < alpha
-    return 1 + np.cumprod(accepted, axis=1).sum(axis=1).mean()  # drafts accepted before the first rejection
+    return 1 + np.cumprod(accepted, axis=1).sum(axis=1)  # 1 + the drafts accepted before the first rejection
 
 
 def check_tokens_per_loop(tokens_per_loop):
     rng = np.random.default_rng(0)
     for alpha, K in [(0.5, 2), (0.8, 4)]:
-        simulated = simulated_tokens_per_loop(alpha, K, rng)
+        simulated = simulated_loop_tokens(alpha, K, rng).mean()
         assert abs(tokens_per_loop(alpha, K) - simulated) < 0.02, (
             f"alpha={alpha}, K={K}: a simulation gives {simulated:.3f} tokens per loop, you give "
             f"{tokens_per_loop(alpha, K)}. A loop yields 1 + the drafts accepted before the first rejection")
-    assert close(tokens_per_loop(1.0, 4), 5), "alpha = 1: every draft is accepted, so K + 1 tokens (mind 0 / 0)"
-    assert close(tokens_per_loop(0.0, 4), 1), "alpha = 0: the first draft is rejected, and the correction comes"
+    assert close(at(tokens_per_loop, 1.0, 4), 5), "alpha = 1: every draft is accepted, so K + 1 tokens"
+    assert close(at(tokens_per_loop, 0.0, 4), 1), "alpha = 0: the first draft is rejected, and the correction comes"
 
 
 def check_speedup(speedup):
     for alpha, K in GRID:
         for c, v in [(0.05, 1.0), (0.3, 1.0), (0.1, 1.8)]:
-            assert close(speedup(alpha, c, K, v), sampling.expected_speedup(alpha, c, K, v)), (
+            assert close(at(speedup, alpha, c, K, v), sampling.expected_speedup(alpha, c, K, v)), (
                 f"alpha={alpha}, c={c}, K={K}, v={v}: a loop costs K draft steps and one verification, K c + v "
                 f"decode steps, and yields the tokens of exercise 1")
     assert close(speedup(0.6, 0.2, 1), 1.6 / 1.2), "with the default v = 1, K = 1 gives (1 + alpha) / (1 + c)"
 
 
-def random_pair(rng, n_vocab=6):
+def random_pair(rng, n_vocab=6, shared_zero=False):
+    """A draft p and a target q with zeros where the other has mass; with shared_zero, a token both rule out."""
     p, q = rng.random(n_vocab) * (rng.random(n_vocab) > 0.3), rng.random(n_vocab) * (rng.random(n_vocab) > 0.3)
     p[0], q[1] = 1.0, 1.0  # never all zero
+    both_zero = (p == 0) & (q == 0)
+    q[both_zero] = 0.5  # no shared zero unless asked for
+    if shared_zero:
+        p[-1] = q[-1] = 0.0
     return p / p.sum(), q / q.sum()
 
 
@@ -58,8 +83,16 @@ def check_acceptance_rate(acceptance_rate):
         measured = np.mean(rng.random(len(drafts)) < np.minimum(1, q[drafts] / p[drafts]))
         assert abs(acceptance_rate(p, q) - measured) < 0.01, (
             f"p={np.round(p, 2)}, q={np.round(q, 2)}: drafts from p are accepted {measured:.3f} of the time, you "
-            f"give {acceptance_rate(p, q)}. Sum p(x) min(1, q(x)/p(x)) over x")
+            f"give {acceptance_rate(p, q)}. A draft x comes with probability p(x) and is then kept with "
+            f"probability min(1, q(x)/p(x)): add up over x the chance that x is drafted and kept")
         assert close(acceptance_rate(p, q), 1 - 0.5 * np.abs(p - q).sum(), 1e-9), "is it 1 - TV(p, q)?"
+    p, q = random_pair(rng, shared_zero=True)
+    answer = float(acceptance_rate(p, q))
+    assert not math.isnan(answer), (
+        f"p={np.round(p, 2)}, q={np.round(q, 2)}: you give nan. Where p(x) = q(x) = 0, q(x)/p(x) is 0/0, but the "
+        f"term p(x) min(1, q(x)/p(x)) is 0: the draft never proposes x. Write the term as min(p(x), q(x)), "
+        f"which needs no division")
+    assert close(answer, 1 - 0.5 * np.abs(p - q).sum(), 1e-9), f"p={np.round(p, 2)}, q={np.round(q, 2)}: you give {answer}"
 
 
 def check_pays(pays):
@@ -74,15 +107,18 @@ def check_pays(pays):
 
 
 def check_best_K(best_K):
-    cases = [(0.8, 0.1, lambda K: 1.0), (0.8, 0.1, lambda K: 1 + 0.15 * K), (0.6, 0.3, lambda K: 1.0),
-             (0.95, 0.02, lambda K: 1 + 0.02 * K), (0.2, 0.3, lambda K: 1.0), (0.7, 0.05, lambda K: 0.8 + 0.25 * K)]
+    # v(m): the target's call scoring m tokens, in decode steps (v(1) = 1); a loop of K drafts scores K + 1
+    cases = [(0.8, 0.1, lambda m: 1.0), (0.8, 0.1, lambda m: 1 + 0.15 * (m - 1)), (0.6, 0.3, lambda m: 1.0),
+             (0.95, 0.02, lambda m: 1 + 0.02 * (m - 1)), (0.2, 0.3, lambda m: 1.0), (0.85, 0.05, lambda m: max(1, m / 4)),
+             (0.9, 0.02, lambda m: 1.0 if m <= 5 else 1 + 0.4 * (m - 5))]
     for alpha, c, verify_cost in cases:
-        speedups = {K: sampling.expected_speedup(alpha, c, K, verify_cost(K)) for K in range(1, 33)}
+        speedups = {K: sampling.expected_speedup(alpha, c, K, verify_cost(K + 1)) for K in range(1, 33)}
         best = max(speedups, key=speedups.get)
         expected = best if speedups[best] > 1 else 0
         assert best_K(alpha, c, verify_cost) == expected, (
-            f"alpha={alpha}, c={c}, v(K) = {[round(verify_cost(K), 2) for K in (1, 2, 3)]}...: the best K in 1..32 "
-            f"is {best} (speedup {speedups[best]:.2f}); answer 0 when no K beats plain decoding")
+            f"alpha={alpha}, c={c}, v(m) = {[round(verify_cost(m), 2) for m in range(1, 8)]} for m = 1..7: the best "
+            f"K in 1..32 is {best} (speedup {speedups[best]:.2f}); K drafts make the target score K + 1 tokens, so "
+            f"their loop costs K c + v(K + 1); answer 0 when no K beats plain decoding")
 
 
 def simulated_step(drawn_from, p, q, rng, n=200_000):
@@ -111,14 +147,19 @@ def check_one_step_output(one_step_output):
 
 def check_corrected_speedup(corrected_speedup):
     for alpha, K in GRID:
-        assert close(corrected_speedup(alpha, 0.1, K), sampling.expected_speedup(alpha, 0.1, K)), (
+        assert close(at(corrected_speedup, alpha, 0.1, K), sampling.expected_speedup(alpha, 0.1, K)), (
             f"alpha={alpha}, K={K}: count every token a target call yields, the accepted drafts and one more")
 
 
 def check_underestimate(underestimate):
     published = 0.5 * (1 - 0.5**4) / (1 - 0.5) / (4 * 0.1 + 1)
-    assert close(underestimate, sampling.expected_speedup(0.5, 0.1, 4) - published, 1e-2), (
-        "the two speedups differ by the dropped token's share: one token over the loop's cost K c + 1")
+    true = sampling.expected_speedup(0.5, 0.1, 4)
+    if close(underestimate, true / published, 1e-2):
+        return  # the ratio answers "by how much" too
+    assert not close(underestimate, published - true, 1e-2), "the sign: the true speedup minus the write-up's"
+    assert close(underestimate, true - published, 1e-2), (
+        "give the true speedup minus the write-up's (or their ratio): the two differ by the dropped token's "
+        "share, one token over the loop's cost K c + 1")
 
 
 def check_prompt_lookup(PromptLookupDraft):
@@ -161,9 +202,146 @@ def check_alpha_from_origins(alpha_from_origins):
     assert alpha_from_origins(["bonus", "target"]) is None, "nothing judged: return None"
 
 
+# ---- 11: the blind bug quiz ----------------------------------------------------------------------------------
+
+PROOF_STEPS = {
+    1: "the drafts are not drawn from the p that enters q/p and (q - p)+",
+    2: "the acceptance test is not min(1, q/p)",
+    3: "the correction after a rejection is not drawn from (q - p)+",
+    4: "the bonus token after K acceptances is not drawn from q given all K drafts",
+    5: "the uniform of the acceptance test is not independent of the draft (random numbers reused)",
+    6: "the target's q is not conditioned on the accepted text (its cache not rolled back)",
+    7: "the target's q is not the distribution the request asked for (its settings)",
+    8: "none: the output follows q exactly, only the speed suffers",
+}
+QUIZ_BUGS = {"argmax_drafts": 1, "correction_from_q": 3, "shared_random_numbers": 5, "no_rollback": 6,
+             "bonus_from_wrong_row": 4}
+LABELS = "ABCDE"
+
+
+def quiz_variants():  # label -> the zoo's Variant, in an order shuffled once and for all (seed 9)
+    names = list(QUIZ_BUGS)
+    order = np.random.default_rng(9).permutation(len(names))
+    return {label: bug_zoo.ZOO[names[i]] for label, i in zip(LABELS, order)}
+
+
+def blind_bugs():
+    """-> {"A": decoder, ..., "E": decoder}: five of the zoo's decoders, named by their label only."""
+    decoders = {}
+    for label, variant in quiz_variants().items():
+        decoder = variant.decoder()
+
+        def blind(*args, decoder=decoder, **kwargs):
+            return decoder(*args, **kwargs)
+
+        blind.__name__ = blind.__qualname__ = f"decoder_{label}"
+        decoders[label] = blind
+    return decoders
+
+
+def blind_diff(label):
+    """Decoder `label`'s change to the reference, as a unified diff, with the zoo's "(bug)" comments removed."""
+    diff = quiz_variants()[label].diff()
+    return re.sub(r" *# \(bug\).*", "", diff)
+
+
+def check_bug_quiz(answers):
+    if not isinstance(answers, dict) or set(answers) != set(LABELS):
+        raise AssertionError(f"answer with a dict {{label: proof step}} for the labels {list(LABELS)}")
+    if all(answer is None for answer in answers.values()):
+        raise NotImplementedError
+    marks = []
+    for label, variant in quiz_variants().items():
+        if answers[label] is None:
+            marks.append(f"{label} unanswered")
+        elif answers[label] == QUIZ_BUGS[variant.name]:
+            marks.append(f"{label} right")
+        else:
+            marks.append(f"{label} wrong (not step {answers[label]}: which distribution does its changed line draw "
+                         f"from, or condition on?)")
+    assert all(mark.endswith("right") for mark in marks), "; ".join(marks)
+
+
+# ---- 12: the spread of the time for N tokens -------------------------------------------------------------------
+
+
+def check_tokens_per_loop_variance(variance):
+    rng = np.random.default_rng(4)
+    for alpha, K in [(0.5, 2), (0.8, 4), (0.95, 8)]:
+        simulated = simulated_loop_tokens(alpha, K, rng).var()
+        assert abs(at(variance, alpha, K) - simulated) < 0.03 * simulated, (
+            f"alpha={alpha}, K={K}: a simulation gives a variance of {simulated:.3f} tokens per loop, you give "
+            f"{at(variance, alpha, K)}. The tokens T = 1 + min(G, K) with G geometric; P(T >= t) = alpha^(t-1) "
+            f"for t = 1..K+1, and E[T^2] = sum over t of (2t - 1) P(T >= t)")
+    assert close(at(variance, 1.0, 4), 0), "alpha = 1: every loop yields K + 1 tokens, no spread"
+    assert close(at(variance, 0.0, 4), 0), "alpha = 0: every loop yields 1 token, no spread"
+
+
+def simulated_loops(alpha, K, N, rng, runs=20_000):  # -> the loops each of `runs` runs needs for N tokens
+    tokens = np.cumsum(simulated_loop_tokens(alpha, K, rng, runs * N).reshape(runs, N), axis=1)
+    return (tokens < N).sum(axis=1) + 1  # a run needs at most N loops: each yields a token at least
+
+
+def check_time_for_tokens(time_for_tokens):
+    rng = np.random.default_rng(5)
+    for alpha, K, c, v in [(0.8, 4, 0.1, 1.0), (0.5, 2, 0.05, 1.2), (0.95, 4, 0.1, 1.6), (1.0, 3, 0.1, 1.0),
+                           (0.0, 2, 0.2, 1.0)]:
+        loops = simulated_loops(alpha, K, 128, rng) * (K * c + v)  # the time in decode steps
+        mean, spread = (float(value) for value in at(time_for_tokens, alpha, K, c, v, 128))
+        assert abs(mean - loops.mean()) < 0.05 * loops.mean(), (
+            f"alpha={alpha}, K={K}, c={c}, v={v}, N=128: a simulation takes {loops.mean():.2f} decode steps on "
+            f"average, you give {mean:.2f}: about N / E[T] loops of K c + v steps each")
+        assert abs(spread - loops.std()) <= 0.06 * loops.std() + 1e-9, (
+            f"alpha={alpha}, K={K}, c={c}, v={v}, N=128: the simulated runs spread by {loops.std():.3f} decode steps "
+            f"(a standard deviation), you give {spread:.3f}. The loops needed for N tokens have a variance of "
+            f"about N Var[T] / E[T]^3 (the central limit theorem for renewals)")
+
+
+# ---- 13: the batch size at which speculation stops paying ------------------------------------------------------
+
+
+def roofline_seconds(rows, weight_bytes, bytes_per_parameter, bytes_per_second, flops_per_second):
+    """A call multiplying `rows` rows by every weight: the longer of reading the weights and the arithmetic."""
+    return max(weight_bytes / bytes_per_second, 2 * rows * weight_bytes / bytes_per_parameter / flops_per_second)
+
+
+def roofline_break_even(weight_bytes, bytes_per_parameter, bytes_per_second, flops_per_second, alpha, c, K):
+    """The batch size at which the roofline's speedup falls to 1, by bisection (0 if even a tiny batch loses)."""
+    machine = (weight_bytes, bytes_per_parameter, bytes_per_second, flops_per_second)
+
+    def speedup(B):
+        v = roofline_seconds((K + 1) * B, *machine) / roofline_seconds(B, *machine)
+        return sampling.expected_speedup(alpha, c, K, v)
+
+    low, high = 1e-9, 1e9
+    if speedup(low) <= 1:
+        return 0.0
+    for _ in range(200):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if speedup(middle) > 1 else (low, middle)
+    return high
+
+
+def check_break_even_batch(break_even_batch):
+    cases = [(3.1e9, 2, 3.35e12, 989e12, 0.8, 0.05, 4),  # a 1.5 B-parameter model in bfloat16 on an H100
+             (6.2e9, 2, 3.35e12, 989e12, 0.8, 0.05, 4),  # the same machine, twice the model
+             (498e6, 4, 30e9, 80e9, 0.7, 0.1, 4),  # GPT-2 124M in float32 on one core of a CPU
+             (63e6, 4, 27e9, 40e9, 0.7, 0.28, 4),  # a small target on a slow core: B = 1 already loses
+             (3.1e9, 2, 3.35e12, 989e12, 0.6, 0.1, 8), (3.1e9, 2, 3.35e12, 989e12, 0.3, 0.5, 4)]  # the last never pays
+    for case in cases:
+        expected = roofline_break_even(*case)
+        yours = break_even_batch(*case)
+        assert yours is not None and math.isclose(float(yours), expected, rel_tol=1e-3, abs_tol=1e-6), (
+            f"weights {case[0]:.3g} bytes ({case[1]} a parameter), {case[2]:.3g} bytes/s, {case[3]:.3g} flop/s, "
+            f"alpha={case[4]}, c={case[5]}, K={case[6]}: the roofline's speedup falls to 1 at B = {expected:.3g}, "
+            f"you give {yours}. Verifying costs v = time((K + 1) B rows) / time(B rows); the speedup "
+            f"E[T] / (K c + v) is 1 where v = E[T] - K c (0 if it is below 1 even for a tiny batch)")
+
+
 EXERCISES = {1: check_tokens_per_loop, 2: check_speedup, 3: check_acceptance_rate, 4: check_pays, 5: check_best_K,
              6: check_one_step_output, 7: check_corrected_speedup, "7b": check_underestimate,
-             8: check_prompt_lookup, 9: check_tokens_at_one_step, 10: check_alpha_from_origins}
+             8: check_prompt_lookup, 9: check_tokens_at_one_step, 10: check_alpha_from_origins, 11: check_bug_quiz,
+             12: check_tokens_per_loop_variance, "12b": check_time_for_tokens, 13: check_break_even_batch}
 
 
 def check(number, answer):

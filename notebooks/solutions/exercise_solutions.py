@@ -10,18 +10,22 @@
    3.3616 / 1.4 = 2.40; with v = 1.6 (a CPU that scores 5 tokens for 1.6 steps), 3.3616 / 2.0 = 1.68.
 
 3. alpha = 1 - TV(p, q). A draft x is drawn with probability p(x) and kept with probability min(1, q(x)/p(x)),
-   so P(accept) = sum_x min(p(x), q(x)). Since min(a, b) = (a + b - |a - b|) / 2 and p, q both sum to 1, that is
-   1 - (1/2) sum |p - q| = 1 - TV(p, q).
+   so P(accept) = sum_x p(x) min(1, q(x)/p(x)) = sum_x min(p(x), q(x)). Since min(a, b) = (a + b - |a - b|) / 2
+   and p, q both sum to 1, that is 1 - (1/2) sum |p - q| = 1 - TV(p, q). Written as min(p, q) the sum needs no
+   division: the literal p * min(1, q / p) in NumPy gives nan where p(x) = q(x) = 0 (0/0), though the term is 0
+   (the draft never proposes x), a case every top-k or top-p setting creates.
 
 4. Speculation pays for some K exactly when alpha > c (with v = 1). K = 1 gives (1 + alpha) / (1 + c), above 1
    exactly when alpha > c. Conversely, if alpha <= c, then for every K, 1 + alpha + ... + alpha^K <= 1 + K alpha
    <= 1 + K c (each alpha^i <= alpha), so the speedup is at most 1. With v > 1 the bar rises: K = 1 needs
    1 + alpha > c + v.
 
-5. The best K. Try them all: the speedup (1 - alpha^(K+1)) / (1 - alpha) / (K c + v(K)) first grows with K, as
-   more tokens come per call, then falls, as the drafts and the verification cost more than the tokens they
-   add; a search over 1..32 finds the top. If no K beats 1, decode plainly (answer 0). With alpha = 0.8,
-   c = 0.1, v = 1 the best is K = 6 (2.47x); if verification costs 1 + 0.15 K steps, K = 3 (1.69x).
+5. The best K. K drafts make the target score K + 1 tokens, at v(K + 1) decode steps. Try every K: the speedup
+   (1 - alpha^(K+1)) / (1 - alpha) / (K c + v(K + 1)) first grows with K, as more tokens come per call, then
+   falls, as the drafts and the verification cost more than the tokens they add; a search over 1..32 finds the
+   top. If no K beats 1, decode plainly (answer 0). With alpha = 0.8, c = 0.1, v = 1 the best is K = 6 (2.47x);
+   if scoring m tokens costs v(m) = 1 + 0.15 (m - 1) steps, K = 3 (1.69x). Pricing K drafts at v(K) instead of
+   v(K + 1) is off by one scored token, and where v grows steeply it picks too large a K.
 
 6. Argmax drafts with a one-hot p are exact. Drafting the argmax a with p = one-hot(a): the draft is accepted with
    probability min(1, q(a) / 1) = q(a), and on rejection (probability 1 - q(a)) the correction comes from
@@ -33,24 +37,55 @@
    *accepted drafts*. Used as the tokens a target call yields, it drops the loop's final token (the correction or
    the bonus), which always comes: the tokens are 1 + alpha (1 - alpha^K) / (1 - alpha) = (1 - alpha^(K+1)) /
    (1 - alpha). The speedup it gives is low by exactly 1 / (K c + 1): at alpha = 0.5, c = 0.1, K = 4 it says
-   0.67x (speculation loses) where the truth is 1.38x, 0.71 more.
+   0.67x (speculation loses) where the truth is 1.38x: 0.71 more (2.07 times the write-up's figure).
 
 8. A prompt-lookup draft proposes the tokens that followed the latest earlier occurrence of the text's last
    `ngram` tokens (Saxena's prompt-lookup decoding, transformers' prompt_lookup_num_tokens). Its proposals are
    deterministic, so the distribution each came from is one-hot: with that p, exercise 6 shows the rule stays
    exact, whatever the proposals.
 
-9. Roofline. A step reads every weight once: P b / B seconds for P weights of b bytes at bandwidth B. Scoring m
-   tokens multiplies each weight by m rows, 2 m P flops, 2 m P / F seconds at F flop/s. While the arithmetic
-   hides under the reading, verification costs one step: 2 m P / F <= P b / B, i.e. m <= F b / (2 B). An H100
+9. Roofline. A step reads every weight once: P b / beta seconds for P weights of b bytes at a bandwidth of beta
+   bytes/s. Scoring m tokens multiplies each weight by m rows, 2 m P flops, 2 m P / F seconds at F flop/s. While
+   the arithmetic hides under the reading, verification costs one step: 2 m P / F <= P b / beta, i.e.
+   m <= m* = F b / (2 beta), the machine's ridge point (notebook 8). An H100
    in bfloat16 (989 TFLOP/s, 3.35 TB/s, b = 2): about 295 tokens. One core of this CPU (about 80 GFLOP/s float32,
    30 GB/s, b = 4): about 5, and the README measures 5 tokens at 1.2 decode steps on the Zen 5 with column panels.
 
 10. alpha from a run. Each corrected token is one judged draft that was rejected; each accepted token one that
     was accepted; bonus tokens and plain target steps judge none. So alpha = accepted / (accepted + corrected).
     accepted / drafted would count the drafts after a rejection, which are never judged, as failures.
+
+11. The blind bug quiz (exercise_checks.blind_bugs, seed 9). Every decoder fails check_lossless; the diffs say
+    which line of the proof each breaks. A draws the bonus from q[K_n - 1], the target's distribution given
+    K - 1 drafts, not all K: step 4. B resumes the target's cache after everything it was fed, rejected drafts
+    included, so q is conditioned on tokens the output does not hold: step 6. C drafts the argmax but divides by
+    the soft p: the accept rule min(1, q/p) and (q - p)+ assume x ~ p, step 1. D draws the drafts from a copy of
+    the generator, so the uniform r that judges draft t is the one that drew it: r and x are dependent, step 5.
+    E samples the correction from q: accepted drafts already gave min(p, q), and the rest must be (q - p)+ to
+    sum to q, step 3.
+
+12. The spread. The tokens of a loop are T = 1 + min(G, K), G the drafts accepted before the first rejection,
+    geometric; P(T >= t) = alpha^(t-1) for t = 1..K+1. So E[T] = sum_t P(T >= t) (exercise 1) and
+    E[T^2] = sum_t (2t - 1) P(T >= t) (since T^2 = sum over t <= T of 2t - 1), and Var[T] = E[T^2] - E[T]^2: 0 at
+    alpha = 0 and 1, 2.57 at alpha = 0.8, K = 4 (an untruncated geometric, alpha / (1 - alpha)^2 = 20, would be
+    far off). N tokens take L loops, the first L whose tokens reach N; by the central limit theorem for renewal
+    processes L is about normal with mean N / E[T] and variance N Var[T] / E[T]^3. Each loop costs K c + v
+    decode steps, so the time is (K c + v) L: mean (K c + v) N / E[T], standard deviation
+    (K c + v) sqrt(N Var[T] / E[T]^3). At alpha = 0.8, K = 4, c = 0.1, v = 1, N = 128: 53.3 +- 4.1 steps, a
+    spread of 8% (it shrinks like 1 / sqrt(N)): the error bars of Chen et al.'s Figure 1 come from the draws
+    alone, before any noise of the machine.
+
+13. The batch at which speculation stops paying. A call on m rows takes max(W / beta, 2 m P / F) seconds, P = W / b
+    weights: flat up to the ridge m* = F b / (2 beta), then proportional to m. The weights' size W cancels. A
+    batch of B decodes with steps of B rows and verifies (K + 1) B rows, so v(B) = time((K + 1) B) / time(B):
+    1 while (K + 1) B <= m*, (K + 1) B / m* while B <= m* <= (K + 1) B, K + 1 beyond. The speedup
+    E[T] / (K c + v) falls to 1 where v = E[T] - K c, which lies in the middle piece whenever speculation pays for
+    a small batch at all (E[T] - K c > 1): B = m* (E[T] - K c) / (K + 1); otherwise 0. An H100 in bfloat16
+    (m* = 295), alpha = 0.8, c = 0.05, K = 4: B = 187; one CPU core in float32 (m* = 5.3), alpha = 0.7, c = 0.1,
+    K = 4: B = 2.5, which notebook 8 sees on the bundled pair (1.09x at B = 2, 0.86x at B = 4).
 """
 
+import math
 import time
 
 import numpy as np
@@ -74,8 +109,8 @@ def pays(alpha, c):
     return alpha > c
 
 
-def best_K(alpha, c, verify_cost, K_max=32):
-    speedups = {K: speedup(alpha, c, K, verify_cost(K)) for K in range(1, K_max + 1)}
+def best_K(alpha, c, verify_cost, K_max=32):  # verify_cost(m): scoring m tokens, in decode steps
+    speedups = {K: speedup(alpha, c, K, verify_cost(K + 1)) for K in range(1, K_max + 1)}
     best = max(speedups, key=speedups.get)
     return best if speedups[best] > 1 else 0
 
@@ -127,6 +162,28 @@ def alpha_from_origins(origins):
     return accepted / (accepted + rejected) if accepted + rejected else None
 
 
+bug_quiz = {"A": 4, "B": 6, "C": 1, "D": 5, "E": 3}  # the proof step each breaks (see 11 above)
+
+
+def tokens_per_loop_variance(alpha, K):
+    t = np.arange(1, K + 2)
+    at_least = float(alpha) ** (t - 1)  # P(T >= t)
+    return float(((2 * t - 1) * at_least).sum() - at_least.sum() ** 2)
+
+
+def time_for_tokens(alpha, K, c, v, N):  # -> (mean, standard deviation) of the time for N tokens, in decode steps
+    mean_tokens, variance = tokens_per_loop(alpha, K), tokens_per_loop_variance(alpha, K)
+    loop_cost = K * c + v
+    return loop_cost * N / mean_tokens, loop_cost * math.sqrt(N * variance / mean_tokens**3)
+
+
+def break_even_batch(weight_bytes, bytes_per_parameter, bytes_per_second, flops_per_second, alpha, c, K):
+    ridge = flops_per_second * bytes_per_parameter / (2 * bytes_per_second)  # m*: rows the reading hides
+    margin = tokens_per_loop(alpha, K) - K * c  # the verification cost v at which the speedup is 1
+    return ridge * margin / (K + 1) if margin > 1 else 0.0
+
+
 ANSWERS = {1: tokens_per_loop, 2: speedup, 3: acceptance_rate, 4: pays, 5: best_K, 6: one_step_output,
            7: corrected_speedup, "7b": underestimate, 8: PromptLookupDraft, 9: tokens_at_one_step,
-           10: alpha_from_origins}
+           10: alpha_from_origins, 11: bug_quiz, 12: tokens_per_loop_variance, "12b": time_for_tokens,
+           13: break_even_batch}
