@@ -435,7 +435,7 @@ def main():
     budget = Budget(args.budget_s)
     result = {"benchmark": "JAX backend: decode, verification and speculative loops; random GPT-2-shaped weights",
               "small": args.small, "device": device_info(), "has": what_the_device_has(), "shapes": shapes,
-              "budget_s": args.budget_s, "skipped": {}}
+              "budget_s": args.budget_s, "skipped": {}, "part_seconds": {}}
     if result["device"]["platform"] == "cpu" and not args.small:
         print("bench/gpu.py: JAX sees no accelerator; the figures will be the CPU's", file=sys.stderr)
     models = {}
@@ -449,11 +449,13 @@ def main():
     def run(section, key, kind, part):  # one part within the budget; the result so far is written after it
         if section not in args.parts:
             return
+        started = budget.elapsed()
         figures = budget.run(kind, part)
         if "skipped" in figures and len(figures) == 1:
             result["skipped"][f"{section} {key}"] = figures["skipped"]
         else:
             result.setdefault(section, {})[key] = figures
+            result["part_seconds"][f"{section} {key}"] = round(budget.elapsed() - started, 1)
         result["seconds"] = round(budget.elapsed(), 1)
         write_json_atomically(args.out, result)
 
