@@ -1,9 +1,12 @@
 """Token-tree scoring (SpecInfer, Miao et al. 2023; the tree attention of Medusa and EAGLE): GPT2Model.tree_logits
 and keep_tree_path against plain feeds of every root-to-node path, on tiny random GPT-2s in the plain and the
 measured layouts, with and without a cache, and on the bundled target; the same contract on
-classroom.lossless.CachedTableModel, the table model tree decoders are checked on.
+classroom.lossless.CachedTableModel, the table model tree decoders are checked on; and that bench/tree.py runs.
 """
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +241,21 @@ def test_cached_table_model_reads_its_cache_and_rejects_bad_trees():
     model.tree_logits([0, 1], [2, 0], [-1, -1])
     with pytest.raises(ValueError, match="not a path"):
         model.keep_tree_path([0, 1])
+
+
+# ---------------------------------------------------------------------------------------------- bench/tree.py
+
+
+def test_tree_bench_smoke_run_on_a_tiny_model():
+    command = [sys.executable, str(REPO / "bench" / "tree.py"), "--small", "--repeats", "2", "--sizes", "1,4,16"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["small"] and result["repeats"] == 2 and result["machine"]["cpu"] and result["machine"]["blas"]
+    assert [row["n"] for row in result["by_n"]] == [1, 4, 16]
+    assert result["by_n"][1]["parents"] == [-1, 0, -1, -1]  # three chains from the root: 2, 1, 1
+    for row in result["by_n"]:
+        assert len(row["parents"]) == row["n"]
+        for name in ("decode_ms", "chain_ms", "tree_ms", "keep_ms", "tree_over_chain", "chain_over_decode"):
+            assert 0 < row[name]["min"] <= row[name]["median"] <= row[name]["max"]
+    assert set(result["bar"]) == {"tree_over_chain<=1.1"}
