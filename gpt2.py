@@ -13,7 +13,9 @@ float64) and the one difference in the model math, how a KV cache is written, si
 
 The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
 cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
-`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs.
+`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs. A token tree of
+drafts (SpecInfer, Miao et al. 2023; Medusa; EAGLE) is the same call with the nodes' positions by depth and
+a mask from the tree's ancestry (tree_mask): `GPT2Model.tree_logits`, then `keep_tree_path`.
 """
 
 import math
@@ -114,7 +116,7 @@ def write_cache(buffer, new, start):  # [n_head, n_ctx, d], [n_head, n_new, d] -
     return buffer, buffer
 
 
-def mha(x, c_attn, c_proj, n_head, kv_cache=None, start=0):  # [n_seq, n_embd] -> [n_seq, n_embd]
+def mha(x, c_attn, c_proj, n_head, kv_cache=None, start=0, mask=None):  # [n_seq, n_embd] -> [n_seq, n_embd]
     xp = array_module(x)
     qkv = linear(x, **c_attn)  # [n_seq, n_embd] -> [n_seq, 3*n_embd]
     q, k, v = split_qkv_heads(qkv, n_head)  # 3 x [n_head, n_seq, head_dim]
@@ -123,28 +125,33 @@ def mha(x, c_attn, c_proj, n_head, kv_cache=None, start=0):  # [n_seq, n_embd] -
         k_buffer, k = write_cache(k_buffer, k, start)  # [n_head, n_k, head_dim]
         v_buffer, v = write_cache(v_buffer, v, start)
         kv_cache = (k_buffer, v_buffer)
-    mask = causal_mask(start, x.shape[0], k.shape[1], xp)  # [n_seq, n_k]
+    if mask is None:  # a chain of new tokens; a tree brings its own mask (tree_mask)
+        mask = causal_mask(start, x.shape[0], k.shape[1], xp)  # [n_seq, n_k]
     heads = attention(q, k, v, mask)  # [n_head, n_seq, head_dim]
     return linear(merge_heads(heads), **c_proj), kv_cache  # [n_seq, n_embd] -> [n_seq, n_embd]
 
 
-def transformer_block(x, mlp, attn, ln_1, ln_2, n_head, kv_cache=None, start=0):  # [n_seq, n_embd] -> same
-    attn_out, kv_cache = mha(layer_norm(x, **ln_1), **attn, n_head=n_head, kv_cache=kv_cache, start=start)
+def transformer_block(x, mlp, attn, ln_1, ln_2, n_head, kv_cache=None, start=0, mask=None):  # [n_seq, n_embd] -> same
+    attn_out, kv_cache = mha(layer_norm(x, **ln_1), **attn, n_head=n_head, kv_cache=kv_cache, start=start, mask=mask)
     x = x + attn_out  # residual connection around attention
     x = x + ffn(layer_norm(x, **ln_2), **mlp)  # residual connection around the feed-forward network
     return x, kv_cache
 
 
-def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembedding=None):  # [n_seq] -> [n_seq, n_vocab]
+def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembedding=None, positions=None,
+         mask=None):  # [n_seq] -> [n_seq, n_vocab]
     """Logits for every position of `inputs`, which sit at positions start, start+1, ...
 
     Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
     (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
-    written into it; NumPy updates the buffers in place, JAX reads the updated list from gpt2_with_cache.
+    written into it, at slots start, start+1, ...; NumPy updates the buffers in place, JAX reads the
+    updated list from gpt2_with_cache.
     `unembedding`, optional, is wte.T in another layout (engine/layouts.py): the same numbers, read faster.
+    A token tree passes its own `positions` (by depth, not by slot) and `mask` ([n_seq, start + n_seq], 0 or
+    MASKED: tree_mask); the defaults are a chain's, start.. and causal_mask.
     """
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
-    logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding)
+    logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding, positions, mask)
     return logits
 
 
@@ -160,15 +167,16 @@ def check_inputs(inputs, start, n_vocab, n_ctx, cached):
         raise ValueError(f"token ids must lie in [0, {n_vocab}), got {np.min(inputs)}..{np.max(inputs)}")
 
 
-def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding=None):
+def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding=None, positions=None,
+                    mask=None):
     """gpt2() that also returns the updated cache (JAX's buffers are new arrays, not updated in place)."""
     xp = array_module(wte)
-    positions = start + xp.arange(len(inputs))
+    positions = start + xp.arange(len(inputs)) if positions is None else positions  # a chain's, unless a tree's
     x = wte[inputs] + wpe[positions]  # [n_seq] -> [n_seq, n_embd]
     new_cache = []
     for layer, block in enumerate(blocks):
         x, layer_cache = transformer_block(x, **block, n_head=n_head, kv_cache=cache[layer] if cache else None,
-                                           start=start)
+                                           start=start, mask=mask)
         new_cache.append(layer_cache)
     x = layer_norm(x, **ln_f)  # [n_seq, n_embd]
     unembedding = wte.T if unembedding is None else unembedding  # tied to the token embedding
@@ -231,6 +239,63 @@ def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume 
     return start, x[start:]
 
 
+# A token tree after x: node i (tokens[i], parent parents[i], -1 for a child of the root, x's last token) sits at
+# position len(x) + depth - 1, its keys and values in cache slot len(x) + i; it sees x, its ancestors and itself.
+
+
+def integer_vector(values, name):  # -> [n] int64, or a ValueError
+    values = np.asarray(values)
+    if values.ndim != 1 or (values.size and not np.issubdtype(values.dtype, np.integer)):
+        raise ValueError(f"{name} must be a 1-D sequence of integers, got shape {values.shape} of {values.dtype}")
+    return values.astype(np.int64)
+
+
+def check_tree(tokens, parents, n_vocab):  # -> tokens [n], parents [n], both int64
+    """A token tree as arrays, or a clear ValueError: every node's parent is the root (-1) or an earlier node."""
+    tokens, parents = integer_vector(tokens, "tokens"), integer_vector(parents, "parents")
+    if len(tokens) != len(parents):
+        raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents: a tree needs one parent per node")
+    bad = np.flatnonzero((parents < -1) | (parents >= np.arange(len(parents))))
+    if len(bad):
+        i = bad[0]
+        raise ValueError(f"parents[{i}] = {parents[i]}: a parent is -1 (the root) or an earlier node, in [-1, {i})")
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
+        raise ValueError(f"token ids must lie in [0, {n_vocab}), got {tokens.min()}..{tokens.max()}")
+    return tokens, parents
+
+
+def tree_ancestry(parents):  # [n] -> depths [n] int64, sees [n, n] bool
+    """Each node's depth (1 for a child of the root) and what it sees: sees[i, j] when j is i or an ancestor of i."""
+    depths, sees = np.ones(len(parents), dtype=np.int64), np.eye(len(parents), dtype=bool)
+    for i, parent in enumerate(parents):  # a parent comes before its children: its row is complete
+        if parent >= 0:
+            depths[i] = depths[parent] + 1
+            sees[i] |= sees[parent]
+    return depths, sees
+
+
+def tree_mask(start, n_prefix, sees):  # -> [n_prefix - start + n, n_prefix + n] float32, built once per call
+    """The mask of the prefix's positions start..n_prefix-1 fed as a chain, then the tree's n nodes in slots
+    n_prefix..: the prefix's rows are causal, a node's row sees the whole prefix, its ancestors and itself."""
+    n_fed, n = n_prefix - start, len(sees)
+    visible = np.zeros((n_fed + n, n_prefix + n), dtype=bool)
+    visible[:n_fed, :n_prefix] = np.arange(n_prefix) <= np.arange(start, n_prefix)[:, None]
+    visible[n_fed:, :n_prefix] = True
+    visible[n_fed:, n_prefix:] = sees
+    return np.where(visible, np.float32(0.0), np.float32(MASKED))
+
+
+def check_tree_path(nodes, parents):  # -> nodes [m] int64
+    """nodes must run down from the root: the first a child of the root, each next a child of the one before."""
+    nodes = integer_vector(nodes, "nodes")
+    if np.any((nodes < 0) | (nodes >= len(parents))):
+        raise ValueError(f"nodes must index the tree's {len(parents)} nodes, got {nodes.tolist()}")
+    if np.any(parents[nodes] != np.concatenate([[-1], nodes])[:-1]):
+        raise ValueError(f"nodes {nodes.tolist()} are not a path down from the root (their parents are "
+                         f"{parents[nodes].tolist()})")
+    return nodes
+
+
 
 def layout_plan(params, layout="auto"):
     """How GPT2Model will multiply these weights: a layouts.ModelPlan (or LayoutPlan), or None for the plain path.
@@ -286,6 +351,7 @@ class GPT2Model:
         """Forget everything cached (start a new sequence)."""
         self.cache = empty_cache(self.hparams) if self.use_cache else None
         self.cached_tokens = np.zeros(0, dtype=np.int64)
+        self.tree = None  # (x, tokens, parents) of the last tree_logits call, until keep_tree_path
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
         x = np.array(x, dtype=np.int64)  # a copy: the caller may change its array after we cache it
@@ -303,3 +369,43 @@ class GPT2Model:
 
     def __call__(self, x):  # jaymody/speculative-sampling's contract: probabilities for every position
         return softmax(self.logits(x, n_last=len(x)))
+
+    def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab]
+        """The logits after x (row 0) and after x followed by each node's path down the tree (row 1 + i), in one call.
+
+        parents[i] is -1 for a child of x's last token, else an earlier node. x's last token is fed again (as
+        logits(x, n_last=1) would) beside the n nodes; the nodes' keys and values go to cache slots len(x).. as
+        scratch, until keep_tree_path moves the accepted path's into place. Without a cache, x is recomputed.
+        """
+        x = np.array(x, dtype=np.int64)
+        tokens, parents = check_tree(tokens, parents, self.n_vocab)
+        if len(x) == 0 or len(x) + len(tokens) > self.n_ctx:
+            raise ValueError(f"a tree of {len(tokens)} nodes after {len(x)} tokens needs 1 to {self.n_ctx} "
+                             f"tokens and nodes together (the model's context)")
+        start = cache_resume(self.cached_tokens, x, n_last=1)[0] if self.use_cache else 0
+        depths, sees = tree_ancestry(parents)
+        positions = np.concatenate([np.arange(start, len(x)), len(x) - 1 + depths])  # the nodes' by depth
+        logits = gpt2(np.concatenate([x[start:], tokens]), **self.params, n_head=self.hparams["n_head"],
+                      cache=self.cache, start=start, unembedding=self.unembedding, positions=positions,
+                      mask=tree_mask(start, len(x), sees))
+        if self.use_cache:
+            self.cached_tokens = x  # the slots past x hold the tree: scratch until keep_tree_path
+        self.tree = (x, tokens, parents)
+        return logits[len(x) - start - 1:]
+
+    def keep_tree_path(self, nodes):
+        """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x.
+
+        Each kept node's keys and values move from its slot to its depth's (EAGLE copies them likewise); the
+        rest are dropped, so the next logits() call feeds only what is new. Without a cache there is nothing to keep.
+        """
+        if self.tree is None or (self.use_cache and self.tree[0] is not self.cached_tokens):
+            raise ValueError("keep_tree_path must follow a tree_logits call, with no other call between them")
+        x, tokens, parents = self.tree
+        nodes = check_tree_path(nodes, parents)
+        self.tree = None
+        if self.use_cache:
+            kept = slice(len(x), len(x) + len(nodes))  # the depth slots; the fancy index on the right copies first
+            for keys, values in self.cache:
+                keys[:, kept], values[:, kept] = keys[:, len(x) + nodes], values[:, len(x) + nodes]
+            self.cached_tokens = np.concatenate([x, tokens[nodes]])

@@ -132,7 +132,8 @@ class CachedTableModel:
     The cache holds what each position was fed (a transformer would hold its keys and values there), and
     a position's logits read the cache at that position and the one before it, so a stale or misplaced
     entry changes them, as it would change attention. Which positions to feed, and where, is
-    gpt2.cache_resume's decision, looked up at every call as gpt2.GPT2Model looks it up.
+    gpt2.cache_resume's decision, looked up at every call as gpt2.GPT2Model looks it up. A token tree
+    (tree_logits, keep_tree_path) follows GPT2Model's contract: node i's logits read its slot and its parent's.
     """
 
     def __init__(self, table, n_ctx=64):
@@ -142,6 +143,7 @@ class CachedTableModel:
     def reset(self):
         self.cache = np.zeros(self.n_ctx, dtype=np.int64)
         self.cached_tokens = np.zeros(0, dtype=np.int64)
+        self.tree = None  # (x, tokens, parents) of the last tree_logits call, until keep_tree_path
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab] float32
         x = np.array(x, dtype=np.int64)
@@ -152,6 +154,28 @@ class CachedTableModel:
         self.cache[start:end] = new_tokens
         self.cached_tokens = x
         return self.context.logits_at(self.cache, np.arange(start, end))[-n_last:]
+
+    def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab] float32
+        """The logits after x, then after each node's path: the nodes go to slots len(x).. as scratch, and node i's
+        logits read its slot and its parent's (x's last position for a child of the root)."""
+        tokens, parents = gpt2.check_tree(tokens, parents, self.n_vocab)
+        if len(x) == 0 or len(x) + len(tokens) > self.n_ctx:
+            raise ValueError(f"a tree of {len(tokens)} nodes after {len(x)} tokens overruns the cache of {self.n_ctx}")
+        after_x = self.logits(x, n_last=1)  # caches x, as GPT2Model's call does
+        slots = len(self.cached_tokens) + np.arange(len(tokens))
+        self.cache[slots] = tokens
+        parent_slots = np.where(parents < 0, len(self.cached_tokens) - 1, len(self.cached_tokens) + parents)
+        self.tree = (self.cached_tokens, tokens, parents)
+        return np.concatenate([after_x, self.context.table[self.cache[parent_slots], self.cache[slots]]])
+
+    def keep_tree_path(self, nodes):
+        """Move the accepted path's entries (node indices, root down) from their slots to their depths' slots."""
+        if self.tree is None or self.tree[0] is not self.cached_tokens:
+            raise ValueError("keep_tree_path must follow a tree_logits call, with no other call between them")
+        x, tokens, parents = self.tree
+        nodes = gpt2.check_tree_path(nodes, parents)
+        self.cache[len(x):len(x) + len(nodes)] = self.cache[len(x) + nodes]
+        self.cached_tokens, self.tree = np.concatenate([x, tokens[nodes]]), None
 
 
 # ---- the problems -----------------------------------------------------------------------------------
