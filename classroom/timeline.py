@@ -104,7 +104,8 @@ def plot_timeline(ax, loops, decode_step_seconds, tokens=None, label=str):
     ax.set_yticks([-2 * row - 0.5 for row in range(len(loops))], [f"loop {row + 1}" for row in range(len(loops))])
     ax.set(xlabel="time since the loop began, in target decode steps", ylim=(-2 * len(loops) + 0.4, 0.6))
     ax.autoscale(axis="x")
-    calls = [Patch(color=CALL_COLOURS["draft"], label="draft step"), Patch(color=CALL_COLOURS["target"], label="verification")]
+    calls = [Patch(color=CALL_COLOURS[role], label=name) for role, name in (("draft", "draft step"),
+                                                                             ("target", "verification"))]
     kept = [Patch(color=ORIGIN_COLOURS[name], label=f"{name} token") for name in ("accepted", "corrected", "bonus")]
     ax.legend(handles=calls + kept, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=7)
 
