@@ -5,7 +5,7 @@ per forward pass to a list shared by the draft and the target: when it started a
 it scored, and what the KV cache did (how many tokens it held, the prefix it kept, how many tokens it fed).
 SpeculativeStats keeps only totals; these records let a class see each loop of Algorithm 2 (Chen et al. 2023):
 K draft steps, one verification, the tokens kept (`split_loops`, `plot_timeline`); where the acceptance rate
-alpha comes from, token by token (`plot_acceptance_strip`, `acceptance_runs`, `acceptance_after`); and the
+alpha comes from, token by token (`plot_acceptance_strip`, `acceptance_runs`, `acceptance_pattern`); and the
 cache rolling back after a rejection (`cache_rows`, `format_cache_table`).
 """
 
@@ -110,15 +110,16 @@ def plot_timeline(ax, loops, decode_step_seconds, tokens=None, label=str):
     ax.legend(handles=calls + kept, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=7)
 
 
-def plot_acceptance_strip(ax, origins, width=32):
-    """One cell per generated token, in rows of width, coloured by its origin."""
+def plot_acceptance_strip(ax, origins, width=32, title=""):
+    """One cell per generated token, in rows of width, coloured by its origin; the title above on the left."""
     for i, origin in enumerate(origins):
         ax.add_patch(Rectangle((i % width, -(i // width)), 1, 1, facecolor=ORIGIN_COLOURS[origin], edgecolor="white"))
     rows = -(-len(origins) // width)
     ax.set(xlim=(0, width), ylim=(-rows + 1, 1), aspect="equal")
     ax.axis("off")
+    ax.text(0, 1.05, title, ha="left", va="bottom")
     ax.legend(handles=[Patch(color=colour, label=name) for name, colour in ORIGIN_COLOURS.items() if name in origins],
-              ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=7)
+              ncol=4, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=7)
 
 
 def judged(origins):
@@ -140,14 +141,22 @@ def acceptance_runs(origins):
     return runs
 
 
-def acceptance_after(origins):
-    """(the rate of acceptance right after an accepted draft, right after a rejected one); equal, up to noise,
-    if each draft were accepted independently with the same probability alpha. None where nothing follows."""
+def acceptance_pattern(origins):
+    """alpha, and what independent acceptance (the geometric model behind Leviathan et al.'s formulas)
+    predicts beside what happened: drafts judged per rejection, mean against 1/(1 - alpha) (equal by
+    construction, but for the drafts accepted after the last rejection); and the acceptance rate right after
+    an accepted draft and right after a rejected one, both alpha under the model, with the standard error of
+    their difference under the model. A difference of several standard errors: acceptances come in runs."""
     verdicts = judged(origins)
-    pairs = list(zip(verdicts, verdicts[1:]))
-    rate = lambda previous: (np.mean([now for before, now in pairs if before == previous])
-                             if any(before == previous for before, _ in pairs) else None)
-    return rate(True), rate(False)
+    alpha = np.mean(verdicts)
+    after = {previous: [now for before, now in zip(verdicts, verdicts[1:]) if before == previous]
+             for previous in (True, False)}
+    if not after[True] or not after[False]:
+        raise ValueError("acceptance_pattern needs accepted and rejected drafts, each followed by a judged one")
+    return {"alpha": float(alpha), "judged_per_rejection": float(np.mean(acceptance_runs(origins)) + 1),
+            "geometric_mean": float(1 / (1 - alpha)), "after_accepted": float(np.mean(after[True])),
+            "after_rejected": float(np.mean(after[False])),
+            "difference_se": float(np.sqrt(alpha * (1 - alpha) * (1 / len(after[True]) + 1 / len(after[False]))))}
 
 
 def cache_rows(loops):
@@ -168,12 +177,12 @@ def cache_rows(loops):
 def format_cache_table(rows):
     """cache_rows as text: n tokens before the loop; each model's cache before the call, the prefix it kept
     (its rollback point), the tokens it fed."""
-    lines = ["loop    n  ends with      | draft's first step: cached kept fed | target's verification: "
+    lines = ["loop    n  ends with       | draft's first step: cached kept fed | target's verification: "
              "cached kept fed -> after"]
     for number, row in enumerate(rows, 1):
         ending = f"{row['ends']} ({row['accepted']}/{row['K']})"
         draft = ("(no draft steps)" if row["draft_fed"] is None else
                  f"{row['draft_cached']:6d} {row['draft_kept']:4d} {row['draft_fed']:3d}")
-        lines.append(f"{number:4d} {row['n']:4d}  {ending:14s} | {draft:>35s} | {row['target_cached']:29d} "
+        lines.append(f"{number:4d} {row['n']:4d}  {ending:15s} | {draft:>35s} | {row['target_cached']:29d} "
                      f"{row['target_kept']:4d} {row['target_fed']:3d} -> {row['target_after']}")
     return "\n".join(lines)

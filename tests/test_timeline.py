@@ -69,9 +69,13 @@ def test_runs_and_conditional_rates_on_a_hand_made_sequence():
                "accepted", "corrected", "accepted"]
     assert timeline.judged(origins) == [True, True, False, False, True, True, True, True, False, True]
     assert timeline.acceptance_runs(origins) == [2, 0, 4]  # the run continues across the bonus token
-    after_accepted, after_rejected = timeline.acceptance_after(origins)
-    assert after_accepted == pytest.approx(4 / 6) and after_rejected == pytest.approx(2 / 3)
-    assert timeline.acceptance_after(["accepted", "bonus"]) == (None, None)
+    pattern = timeline.acceptance_pattern(origins)
+    assert pattern["alpha"] == pytest.approx(7 / 10) and pattern["geometric_mean"] == pytest.approx(10 / 3)
+    assert pattern["judged_per_rejection"] == pytest.approx(3)  # runs 2, 0 and 4, each with its rejection
+    assert pattern["after_accepted"] == pytest.approx(4 / 6) and pattern["after_rejected"] == pytest.approx(2 / 3)
+    assert pattern["difference_se"] == pytest.approx(np.sqrt(0.7 * 0.3 * (1 / 6 + 1 / 3)))
+    with pytest.raises(ValueError, match="accepted and rejected"):
+        timeline.acceptance_pattern(["accepted", "accepted", "bonus"])
 
 
 def test_pictures_draw_one_box_per_call_and_token():
