@@ -23,9 +23,10 @@ can reach is recorded, and a reachable output of probability zero under the targ
 Tolerance: a decoder passes when the total variation between its law and the target's is at most TV_TOLERANCE
 = 1e-6 and it reaches no impossible output. A lossless decoder is exact only up to float32: the ratio q/p, the
 residual q - p and the callable contract's probabilities are float32 values, which leaves about 1e-7; the real
-bugs of classroom/bug_zoo.py sit at 1e-3 and above. The default problems have vocabularies of 3 to 5 tokens,
-K of 2 or 3 and N of 3 or 4 (sizes in default_exact_problems): sampling.speculative_sampling needs a few
-thousand runs for all of them, a decoder with three drafts of two tokens a few tens of thousands.
+bugs of classroom/bug_zoo.py sit at 1e-3 and above. The default problems (default_exact_problems) have
+vocabularies of 3 to 5 tokens, K = 2 and N = 3 (K = 3 and N = 4 at temperature 0): sampling.speculative_sampling
+takes 162 runs for all of them (under a second), a decoder with three drafts of two tokens about 5,400
+(SpecInfer's recursive rejection took 33 seconds on a 2-core CPU shared with other work).
 """
 
 import functools
@@ -187,12 +188,22 @@ def check_problem(decoder, problem, max_paths, decoder_kwargs):
     except AssertionError as error:
         return ProblemResult(problem.name, False, float("inf"), error=f"malformed output: {error}")
     except Exception as error:
+        if oracle_limit(error):
+            raise
         return ProblemResult(problem.name, False, float("inf"), error=f"raised {type(error).__name__}: {error}")
     reference = target_law(problem)
     tv, max_difference = total_variation(exact.law, reference)
     impossible = sorted(tokens for tokens in exact.support if tokens not in reference)
     passed = tv <= TV_TOLERANCE and not impossible
     return ProblemResult(problem.name, passed, tv, max_difference, exact.paths, impossible)
+
+
+def oracle_limit(error):  # numpy re-raises an OracleCannotFollow as a TypeError of its own, naming the class
+    while error is not None:
+        if isinstance(error, OracleCannotFollow) or "SymbolicUniform" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def describe(result):

@@ -162,6 +162,48 @@ def test_a_decoder_that_reads_the_uniform_as_a_float_gets_the_clear_error():
         exact_law.check_exact(decoder)
 
 
+def test_a_decoder_that_hands_the_uniform_to_numpy_gets_numpys_error_not_a_verdict():
+    decoder = patched("sqrt", "if np.sqrt(r) < min(1.0, float(q[t][token]) / float(p[t][token])):")
+    with pytest.raises(TypeError, match="SymbolicUniform which has no callable sqrt method"):
+        exact_law.check_exact(decoder, problems=PROBLEMS[:1])
+
+
+def recursive_rejection(x, draft_model, target_model, N, K, rng, *, n_drafts, forget_residual=False, **settings):
+    """Several drafts by recursive rejection sampling (SpecInfer, arXiv 2305.09781): a decoder the oracle never saw.
+
+    forget_residual=True is a plausible mistake: every candidate is tested against q, never against the residual.
+    """
+    settings, stats = sampling.SamplingSettings(**settings), sampling.SpeculativeStats()
+    x = np.asarray(x, dtype=np.int64)
+    T = len(x) + N
+    while len(x) < T:
+        K_n = min(K, T - len(x) - 1)
+        drafts = [sampling.draw_drafts(draft_model, x, K_n, settings, rng, stats) for _ in range(n_drafts)]
+        accepted = []
+        while True:  # at position t, try in turn the drafts that agree with the tokens accepted so far
+            t = len(accepted)
+            residual = sampling.next_token_probs(target_model, np.append(x, np.array(accepted, np.int64)), 1,
+                                                 settings)[0]
+            for tokens, p in [(tokens, p) for tokens, p in drafts if t < K_n and list(tokens[:t]) == accepted]:
+                if rng.random() < min(1.0, float(residual[tokens[t]]) / float(p[t][tokens[t]])):
+                    accepted.append(int(tokens[t]))
+                    break
+                if not forget_residual:  # a rejected candidate's p leaves the residual norm((q' - p)+)
+                    residual = sampling.max_fn(residual - p[t], fallback=residual)
+            else:  # every candidate rejected, or none left: draw from what remains
+                x = np.append(x, [*accepted, sampling.sample(residual, rng)])
+                break
+    return x
+
+
+def test_a_decoder_with_two_drafts_is_exact_and_its_forgotten_residual_is_caught():
+    check = exact_law.check_exact(recursive_rejection, n_drafts=2)
+    assert check.passed and check.max_tv < 1e-6, check.report
+    assert [result.paths for result in check.results] == [384, 293, 200, 1]
+    buggy = exact_law.check_exact(recursive_rejection, problems=PROBLEMS[1:2], n_drafts=2, forget_residual=True)
+    assert not buggy.passed and buggy.max_tv == pytest.approx(0.125, abs=1e-3), buggy.report
+
+
 def test_extra_keyword_arguments_reach_the_decoder():
     seen = []
 
