@@ -39,7 +39,7 @@ import numpy as np
 
 import sampling
 from classroom import lossless
-from classroom.symbolic import EnumeratingGenerator, OracleCannotFollow, Path
+from classroom.symbolic import EnumeratingGenerator, OracleCannotFollow, Path, SymbolicUniform  # noqa: F401
 
 TV_TOLERANCE = 1e-6  # float32 rounding of the tables and of q/p leaves about 1e-7; real bugs show 1e-3 and more
 MAX_PATHS = 200_000
@@ -51,8 +51,8 @@ class TooManyPaths(RuntimeError):
 
 @dataclass
 class ExactLaw:
-    law: dict  # tuple of the first n_joint new tokens -> its probability, a Fraction (positive entries only)
-    support: set  # every tuple some run reached, those of probability zero included
+    law: dict  # outcome (a decoder's first n_joint new tokens, a tuple) -> its probability, a positive Fraction
+    support: set  # every outcome some run reached, those of probability zero included
     paths: int  # the number of runs it took
 
 

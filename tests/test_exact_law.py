@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import sampling
-from classroom import bug_zoo, exact_law, lossless
+from classroom import bug_zoo, exact_law
 from classroom.symbolic import OracleCannotFollow
 
 PROBLEMS = exact_law.default_exact_problems()
@@ -25,6 +25,7 @@ def test_an_interval_of_a_uniform_has_exactly_its_length():
     law = law_of(lambda rng: (lambda u: u < 0.3 and u >= 0.1)(rng.random()))
     assert law[True] == Fraction(0.3) - Fraction(0.1)  # the floats' exact values: 0.2 up to their rounding
     assert law[True] + law[False] == 1 and abs(float(law[True]) - 0.2) < 1e-16
+    assert law_of(lambda rng: (lambda u: 0.25 <= u < 0.75)(rng.random()))[True] == Fraction(1, 2)
 
 
 def test_monotone_arithmetic_maps_comparisons_back_to_the_uniform():
