@@ -18,7 +18,7 @@ the last residual and the loop ends; if one is accepted, the drafts that share i
 
 Either way the output follows q exactly: at a position the i-th candidate was drawn from p'_i, and a rejection
 step with target q'_i, proposal p'_i and, when it rejects, a draw from norm((q'_i - p'_i)+) yields q'_i; the
-recursion replaces that last draw by the same step one candidate on (Jeon et al., Section 3).
+recursion replaces that last draw by the same step one candidate on (Jeon et al.'s recursive rejection sampling).
 verifiers/tree.py scores the drafts as one token tree.
 """
 
