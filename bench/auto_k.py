@@ -15,7 +15,7 @@ run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. 
 (PRIOR_*, MEMORY, OPTIMISM, WORTH_DRAFTING) were chosen with it; bench/pair.py --K ...,auto then measures
 the chosen ones for real.
 
-    python bench/auto_k.py --pair bench/results/pair_cpu_zen3.json     # the costs of a bench/pair.py run
+    python bench/auto_k.py --pair bench/results/pair_cpu_zen4_stage14.json     # the costs of a bench/pair.py run
 
 Prints one JSON line per setting, then one JSON object as its last line.
 """

@@ -6,9 +6,12 @@ GPT2Model measures and chooses here (engine/layouts.py; the plan is in the JSON)
 layouts for the cost of scoring several tokens. A decode step
 has to read every weight once, so its floor is weights_bytes / read bandwidth, where the bandwidth is the
 fastest a single-row product (x[1, k] @ W[k, n], the operation a decode step is made of) reads a weight
-matrix here, plain or in column panels, measured in the same run. Prints one JSON object as its last line.
+matrix here, plain or in column panels, measured in the same run. The kit and transformers run at the same
+thread count (--threads, default every usable core: the kit splits its products over them as engine/threads.py
+does for main.py, and torch.set_num_threads gets the same number), so that their ratio compares engines, not
+cores. Prints one JSON object as its last line.
 
-    python bench/decode.py [--n_tokens 64] [--repeats 3] [--skip_hf]
+    python bench/decode.py [--n_tokens 64] [--repeats 3] [--threads 2] [--skip_hf]
     python bench/decode.py --model teach-target --skip_hf     # a model folder under --models_dir instead
 
 ms_per_token is the median of the individual decode steps (each: logits of the newest token from the cache,
@@ -36,6 +39,7 @@ import gpt2  # noqa: E402
 import utils  # noqa: E402
 from bench.machine import blas_info, cpu_flags, cpu_model  # noqa: E402
 from engine import layouts  # noqa: E402
+from engine.threads import THREADS, usable_cores  # noqa: E402
 
 HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 
@@ -47,12 +51,13 @@ def parse_args():
                                                                "verify-ratio repetitions)")
     parser.add_argument("--prompt_len", type=int, default=8, help="tokens in the random prompt")
     parser.add_argument("--skip_hf", action="store_true", help="skip the transformers comparison")
+    parser.add_argument("--threads", type=int, help="threads for the kit and for torch alike (default: every usable core)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", help="a model folder under --models_dir (default: GPT-2 124M-shaped random weights)")
     parser.add_argument("--models_dir", default=str(Path(__file__).resolve().parents[1] / "models"))
     args = parser.parse_args()
-    if args.n_tokens < 1 or args.repeats < 1 or args.prompt_len < 1:
-        parser.error("--n_tokens, --repeats and --prompt_len must be positive")
+    if args.n_tokens < 1 or args.repeats < 1 or args.prompt_len < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--n_tokens, --repeats, --prompt_len and --threads must be positive")
     return args
 
 
@@ -246,8 +251,9 @@ def main():
         raise SystemExit(f"error: --prompt_len + --n_tokens must be at most {hparams['n_ctx'] - 16}")
     prompt = rng.integers(0, hparams["n_vocab"], size=args.prompt_len).tolist()
     weights_bytes = params_nbytes(params)
+    threads = args.threads or usable_cores()
+    THREADS.set(threads)  # the kit's products split over `threads` cores where that measures faster (main.py's default)
     blas = blas_info()
-    numpy_threads = blas["threads"] or len(os.sched_getaffinity(0))
 
     # NumPy first: torch's OpenMP threads can keep spinning after it returns and steal the two cores.
     bandwidth = ReadBandwidth(rng)
@@ -273,6 +279,7 @@ def main():
     result = {
         "benchmark": f"greedy decode, {args.model or 'GPT-2 124M shape, random weights'}, float32, batch 1, CPU",
         "hparams": hparams,
+        "threads": threads,
         "ms_per_token": round(ms_per_token, 3),
         "ms_per_token_statistic": f"median of {len(steps)} decode steps ({args.repeats} runs x "
                                   f"{args.n_tokens - 1} steps after a {args.prompt_len}-token prompt)",
@@ -310,7 +317,7 @@ def main():
     if not args.skip_hf:
         import torch
 
-        torch.set_num_threads(numpy_threads)
+        torch.set_num_threads(threads)  # the kit's thread count: a ratio between engines, not between core counts
         hf = hf_model(params, hparams)
         hf_greedy_decode(hf, prompt, min(8, args.n_tokens))  # warm-up
         hf_steps, hf_tokens = [], None
@@ -328,7 +335,7 @@ def main():
                              "roofline_fraction>=0.85 (AVX-512) or 0.7 (AVX2)": result["roofline_fraction"] >= (
                                  0.85 if "avx512f" in cpu_flags() else 0.7)}
     result["machine"] = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "numpy": np.__version__,
-                         "numpy_threads": numpy_threads, "blas": blas, "python": platform.python_version(),
+                         "numpy_threads": threads, "blas": blas, "python": platform.python_version(),
                          "load_average_1_5_15min_at_start": load_at_start,
                          "load_average_1_5_15min_at_end": os.getloadavg()}
     print(json.dumps(result))

@@ -88,10 +88,11 @@ def test_decode_bench_reads_bandwidth_in_weight_bytes_per_second():
 
 def test_decode_bench_runs_on_a_model_folder():
     command = [sys.executable, str(REPO / "bench" / "decode.py"), "--model", "teach-draft", "--skip_hf",
-               "--repeats", "1", "--n_tokens", "8"]
+               "--repeats", "1", "--n_tokens", "8", "--threads", "1"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["threads"] == result["machine"]["numpy_threads"] == 1  # torch gets the same count (set_num_threads)
     assert result["hparams"]["n_layer"] == 2 and sorted(result["verify_cost"], key=int) == [str(n) for n in range(1, 17)]
     assert result["model_bytes"]["plain"] == result["weights_bytes"] < result["model_bytes"]["panels"]
 

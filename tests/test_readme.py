@@ -91,3 +91,45 @@ def test_the_docs_name_only_what_a_reader_can_find(path):
     text = (REPO / path).read_text(encoding="utf-8")
     for pattern in UNFINDABLE:
         assert not re.search(pattern, text), f"{path}: {re.search(pattern, text)[0]!r}"
+
+
+def test_the_documents_stay_short():
+    for path in ("README.md", "models/README.md"):
+        lines = (REPO / path).read_text(encoding="utf-8").count("\n")
+        assert lines <= 400, f"{path} has {lines} lines; history belongs in docs/HISTORY.md or models/HISTORY.md"
+    results = [path.name for path in (REPO / "bench" / "results").iterdir() if path.is_file()]
+    assert "README.md" in results and len(results) <= 30, f"{len(results)} files: move earlier stages to history/"
+
+
+@pytest.mark.parametrize("path", ["README.md", "models/README.md", "bench/results/README.md", "docs/HISTORY.md",
+                                  "models/HISTORY.md", "bench/README.md"])
+def test_the_results_files_the_docs_name_exist(path):
+    text = (REPO / path).read_text(encoding="utf-8")
+    named = set(re.findall(r"bench/results/[\w./*-]*\w", text))
+    if path == "bench/results/README.md":  # its tables name the files beside it
+        named |= {f"bench/results/{name}" for name in re.findall(r"^\| `([\w.-]+\.(?:json|log))` \|", text, re.M)}
+    assert named
+    for name in named:
+        assert list(REPO.glob(name)), f"{path} names {name}, which is not in the repository"
+
+
+def card_row(heading):
+    """The cells of the README's numbers card row that starts with `heading`."""
+    row = re.search(rf"^\| {re.escape(heading)} \|(.*)\|$", section(README, "Speed"), re.M)[1]
+    return [cell.strip() for cell in row.split("|")]
+
+
+def test_the_numbers_card_is_the_committed_json():
+    results = REPO / "bench" / "results"
+    greedy = json.loads((results / "pair_cpu_zen4_stage14.json").read_text())
+    assert card_row("K") == [str(row["K"]) for row in greedy["by_K"]]
+    assert card_row("α, temperature 0") == [f"{row['acceptance_rate']:.3f}" for row in greedy["by_K"]]
+    assert card_row("the formula, measured v") == [f"{row['median_expected_speedup']:.2f}x" for row in greedy["by_K"]]
+    assert card_row("the formula, v = 1") == [f"{row['median_expected_speedup_one_step']:.2f}x" for row in greedy["by_K"]]
+    measured = [cell.split()[0].strip("*") for cell in card_row("measured speedup (range over prompts)")]
+    assert measured == [f"{row['median_speedup']:.2f}x" for row in greedy["by_K"]]
+    sampled = json.loads((results / "pair_cpu_zen4_stage14_temperature1.json").read_text())
+    alphas = [cell for cell in card_row("α, temperature 1") if cell]
+    assert alphas == [f"{row['acceptance_rate']:.3f}" for row in sampled["by_K"]]
+    assert "family 25, model 17" in greedy["machine"]["cpu"] and greedy["machine"]["blas"]["kernels"] == "SkylakeX"
+    assert "family 25, model 17" in section(README, "Speed") and "SkylakeX" in section(README, "Speed")
