@@ -120,6 +120,7 @@ def test_when_it_pays_notebook_measures_every_K():
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
     assert checks["verify_cost_K4_plain"] > 0
+    assert checks["runs_per_K"] >= 8 and checks["target_parameters_M"] > 0  # bootstrap units; sizes from the params
 
 
 def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
