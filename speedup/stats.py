@@ -18,11 +18,12 @@ def expected_speedup(a, c, K, v=1.0):
     Theorem 3.8 for the speedup), with the verification's real cost.
 
     a: acceptance rate; c: a draft step's cost in target *decode steps* (one token after a cached prefix);
-    K: drafts per loop; v: what the target's call scoring the K + 1 positions costs, in decode steps.
+    K: drafts per loop; v: v(K + 1), what the target's call scoring the K + 1 positions costs, in decode
+    steps (costs.py's v(m) at m = K + 1).
     A loop costs K c + v decode steps and yields expected_tokens_per_loop(a, K) tokens, where
     autoregressive decoding yields one token per step. v = 1 is Leviathan et al.'s idealisation (verification
     as cheap as one step: about one decode step on an accelerator at small batch, for large models, as Chen et
-    al. report); on the CPUs we measured it is 1.2 to 3 (costs.py measures it).
+    al. report); on the CPUs we measured it is often 1.2 to 3 (costs.py measures it).
     """
     if not 0 <= a <= 1 or c < 0 or K < 0 or v <= 0:
         raise ValueError(f"expected_speedup needs 0 <= a <= 1, c >= 0, K >= 0, v > 0; got a={a}, c={c}, K={K}, v={v}")
