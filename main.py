@@ -2,7 +2,7 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
 
     python main.py --K 4 --temperature 0           # the bundled teaching pair (models/teach-*)
     python main.py --draft_model_size 124M --target_model_size 1558M \
-        --prompt "Alan Turing theorized that computers would one day become"   # the paper's GPT-2 pair
+        --prompt "Alan Turing theorized that computers would one day become"   # OpenAI's GPT-2, 124M drafting for 1558M
     python main.py --prompt "def fibonacci(n):" --n_tokens_to_generate 64 --decoder speculative,assisted
     python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
     python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
@@ -34,9 +34,8 @@ from cli.report import coloured_text, print_batch_report, print_report, wants_co
 from jax_backend import backends
 from speedup import costs, drafts
 
-# The bundled pair's first run: a function it writes with accepted stretches and corrections (alpha 0.87 at
-# K=4, temperature 0, for the pair of 25 November 2026, evening), where prompts into its loops accept nearly
-# everything and teach nothing. It ends after the docstring, not after a newline: GPT-2's BPE keeps a newline
+# The bundled pair's first run: a function it writes with accepted stretches and corrections, where prompts
+# into its loops (text it repeats) accept nearly everything and teach nothing. It ends after the docstring, not after a newline: GPT-2's BPE keeps a newline
 # and the next line's indentation in one token, so a prompt ending in "\n" splits them as no training text
 # does, and the pair then writes unindented code.
 DEFAULT_PROMPT = 'def flatten(items):\n    """Return a flat list of the items in nested lists."""'

@@ -170,7 +170,7 @@ BUGS = [
         (Patch(sampling, "speculative_sampling", ACCEPT_TEST,
                "if r < max(1.0, float(q[t][token]) / float(p[t][token])):  # (bug) max for min: always true"),)),
     Variant(
-        "shared_random_numbers", "drafting and acceptance read the same random numbers", "vllm PR #47386",
+        "shared_random_numbers", "drafting and acceptance read the same random numbers", "vllm PR #54282",
         "the uniform that drew a draft also decides whether it is accepted: drafts drawn with a small number "
         "(the first tokens of the CDF) are accepted more often",
         (Patch(sampling, "speculative_sampling", "drafts, p = draw_drafts(draft_model, x, K_n, settings, rng, stats)",

@@ -42,7 +42,6 @@ def coloured_text(tokens, origins, decode):
 
 
 def print_report(result, stats, decode, use_colour, measured=None):
-    fmt = lambda value, spec: "n/a" if value is None else format(value, spec)
     print(f"draft {result['draft']} -> target {result['target']}, K {result['K']}, temperature {result['temperature']}, "
           f"top_k {result['top_k']}, top_p {result['top_p']}, seed {result['seed']}, {result['n_tokens']} tokens; "
           f"times: the median and range of {result['repeats']} timed runs, after one untimed run of each decoder")
@@ -61,10 +60,11 @@ def print_report(result, stats, decode, use_colour, measured=None):
         if use_colour:
             print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
         print_counts(run, result["draft"] == drafts.PROMPT_LOOKUP)
-        print_costs_and_speedup(run, result["repeats"], fmt)
+        print_costs_and_speedup(run, result["repeats"], result["autoregressive"] is not None)
         print_same_text(run, result["temperature"])
-    if measured is not None:
-        print("\nthis machine (costs.py, measured before the runs): " + "; ".join(costs.describe(measured)))
+    if measured is not None:  # timed apart from the runs: its c and v need not equal the runs' own
+        print("\nmeasured before the runs (costs.py, a median of short calls: the break-even alpha and --K auto use "
+              "it): " + "; ".join(costs.describe(measured)))
     engine = result.get("engine")
     if engine:
         layouts = f"; the target's products: {engine['target_layouts']}" if engine["target_layouts"] else ""
@@ -90,14 +90,17 @@ def print_counts(run, lookup):
         print(f"  {100 * run['copied_fraction']:.0f}% of the continuation's 4-grams are copied from the prompt")
 
 
-def print_costs_and_speedup(run, repeats, fmt):
+def print_costs_and_speedup(run, repeats, autoregressive_ran):
     if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
         print(f"  {run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop "
               "runs in one device call), so there is no cost ratio")
     else:
-        print(f"  costs: a target decode step {1000 * run['decode_step_seconds']:.2f} ms, a draft step "
-              f"{1000 * run['draft_step_seconds']:.2f} ms (c = {run['cost_ratio']:.3f}), a target call scoring the "
-              f"K + 1 tokens {1000 * run['verify_seconds']:.2f} ms = {run['verify_steps']:.2f} decode steps")
+        decode_step = ("the autoregressive run's time per token" if autoregressive_ran
+                       else "costs.py's, measured before the runs")
+        print(f"  this run's costs: a target decode step {1000 * run['decode_step_seconds']:.2f} ms ({decode_step}), "
+              f"a draft step {1000 * run['draft_step_seconds']:.2f} ms, so c = {run['cost_ratio']:.3f} (draft step / "
+              f"decode step in these runs); a target call scoring the K + 1 tokens {1000 * run['verify_seconds']:.2f} "
+              f"ms = {run['verify_steps']:.2f} decode steps")
     if run["speedup"] is None:
         measured = "speedup not measured (add autoregressive to --decoder to measure it)"
     else:
@@ -108,7 +111,7 @@ def print_costs_and_speedup(run, repeats, fmt):
     else:
         print(f"  {measured}; the formula expects {run['expected_speedup']:.2f}x from alpha, c and the verification's "
               f"measured cost, and {run['expected_speedup_one_step']:.2f}x if a verification cost one decode step "
-              "(the paper's idealisation)")
+              "(Leviathan et al.'s idealisation)")
 
 
 def print_same_text(run, temperature):

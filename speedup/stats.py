@@ -8,18 +8,22 @@ from dataclasses import dataclass, field
 
 
 def expected_tokens_per_loop(a, K):
-    """Tokens a loop yields when each draft is accepted with probability a: 1 + a + ... + a^K."""
+    """Tokens a loop yields when each draft is accepted with probability a: 1 + a + ... + a^K
+    = (1 - a^(K+1)) / (1 - a), Leviathan et al.'s Equation 1."""
     return K + 1 if a == 1 else (1 - a ** (K + 1)) / (1 - a)
 
 
 def expected_speedup(a, c, K, v=1.0):
-    """Leviathan et al.'s expected speedup over autoregressive decoding, with the verification's real cost.
+    """Leviathan et al.'s expected speedup over autoregressive decoding (their Equation 1 for the tokens per loop,
+    Theorem 3.8 for the speedup), with the verification's real cost.
 
     a: acceptance rate; c: a draft step's cost in target *decode steps* (one token after a cached prefix);
-    K: drafts per loop; v: what the target's call scoring the K + 1 positions costs, in decode steps.
+    K: drafts per loop; v: v(K + 1), what the target's call scoring the K + 1 positions costs, in decode
+    steps (costs.py's v(m) at m = K + 1).
     A loop costs K c + v decode steps and yields expected_tokens_per_loop(a, K) tokens, where
-    autoregressive decoding yields one token per step. v = 1 is the paper's idealisation (verification
-    as cheap as one step, true on an accelerator); on a CPU it is often 1.2 to 3 (costs.py measures it).
+    autoregressive decoding yields one token per step. v = 1 is Leviathan et al.'s idealisation (verification
+    as cheap as one step: about one decode step on an accelerator at small batch, for large models, as Chen et
+    al. report); on the CPUs we measured it is often 1.2 to 3 (costs.py measures it).
     """
     if not 0 <= a <= 1 or c < 0 or K < 0 or v <= 0:
         raise ValueError(f"expected_speedup needs 0 <= a <= 1, c >= 0, K >= 0, v > 0; got a={a}, c={c}, K={K}, v={v}")
@@ -87,7 +91,7 @@ class SpeculativeStats:
         return self.accepted / judged if judged else None
 
     @property
-    def accepted_per_loop(self):  # the paper's Figure 1 plots this divided by K + 1
+    def accepted_per_loop(self):  # drafts accepted per loop, without the loop's final token (tokens_per_target_call)
         return self.accepted / self.loops if self.loops else None
 
     @property
@@ -123,7 +127,7 @@ class SpeculativeStats:
 
     @property
     def expected_speedup_one_step(self):
-        """The same with verification at one decode step's price (v = 1), the paper's idealisation."""
+        """The same with verification at one decode step's price (v = 1), Leviathan et al.'s idealisation."""
         if self.acceptance_rate is None or self.cost_ratio is None:
             return None
         return expected_speedup(self.acceptance_rate, self.cost_ratio, self.drafted / self.loops)

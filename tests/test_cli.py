@@ -140,9 +140,10 @@ def test_the_report_explains_the_run(models_dir):
     report = run_main(*PAIR, "--n_tokens_to_generate", "16", "--temperature", "0", "--repeats", "1",
                       models_dir=models_dir)
     assert report.returncode == 0, report.stderr
-    for words in ["bonus tokens", "costs: a target decode step", "decode steps", "the formula expects",
+    for words in ["bonus tokens", "this run's costs: a target decode step", "(the autoregressive run's time per token)",
+                  "(draft step / decode step in these runs)", "decode steps", "the formula expects",
                   "if a verification cost one decode step", "the same tokens as autoregressive decoding",
-                  "this machine (costs.py"]:
+                  "measured before the runs (costs.py"]:
         assert words in report.stdout, words
     lookup = run_main("--target_model_size", "target", "--draft_model_size", "prompt-lookup", "--prompt", "the the the",
                       "--n_tokens_to_generate", "8", "--repeats", "1", models_dir=models_dir)

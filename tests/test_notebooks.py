@@ -77,6 +77,11 @@ def test_gpt2_notebook_hand_pass_and_greedy_check():
     checks = checks_of(executed("1_gpt2_in_numpy.ipynb"))
     assert checks["hand_pass_max_abs_diff"] < 1e-3
     assert checks["greedy_matches_full_pass"] is True
+    log = json.loads((REPO / "models" / "training_log.json").read_text())
+    distillations, stage = 0, log.get("draft_distillation")
+    while stage:  # each distillation holds the one before it
+        distillations, stage = distillations + 1, stage.get("continued_from")
+    assert checks["training_stages_shown"] == 1 + distillations + ("target_unlikelihood" in log)
 
 
 def test_decoding_notebook_cache_and_processing():
@@ -110,6 +115,7 @@ def test_lossless_notebook_proves_whole_sequences_and_the_conditions():
     assert checks["matched_drafts_exact"] is True and checks["mismatched_drafts_off_by"] > 0.01
     assert checks["tokens_per_loop_formula_ok"] and checks["kit_chi_square_matches_scipy"]
     assert checks["first_token_check_p_value_bonus_bug"] > 0.001 > checks["checker_p_value_bonus_bug"]
+    assert checks["joint_check_p_value_bonus_bug"] < 0.001
 
 
 def test_when_it_pays_notebook_measures_every_K():
@@ -117,6 +123,7 @@ def test_when_it_pays_notebook_measures_every_K():
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
     assert checks["verify_cost_K4_plain"] > 0
+    assert checks["runs_per_K"] >= 8 and checks["target_parameters_M"] > 0  # bootstrap units; sizes from the params
 
 
 def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
