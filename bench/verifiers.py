@@ -8,7 +8,8 @@ alike. Verifiers (names for --verifiers):
 - block: block verification (verifiers/block.py, Sun et al. 2024);
 - multiN: N drafts by recursive rejection, drawn without replacement (verifiers/multi_draft.py, RSD), their
   rows scored one after the other on this CPU and counted as one target call, as a batched engine runs them;
-- treeN: the same N drafts as one token tree, scored in one target call (verifiers/tree.py);
+  multiNr: drawn with replacement (SpecInfer);
+- treeN (treeNr): the same N drafts as one token tree, scored in one target call (verifiers/tree.py);
 - topkN: a tree of the draft's N most likely tokens at every node, to depth K (EAGLE's drafts, one-hot rule).
 
 `tokens_per_target_call` pools every run (the gain a verifier buys per target call); `median_speedup` is the
@@ -43,7 +44,7 @@ from verifiers.block import block_speculative_sampling  # noqa: E402
 from verifiers.multi_draft import multi_draft_speculative_sampling  # noqa: E402
 from verifiers.tree import tree_speculative_sampling  # noqa: E402
 
-DEFAULT_VERIFIERS = "token,block,multi2,multi3,multi4,tree3,topk2"
+DEFAULT_VERIFIERS = "token,block,multi2,multi3,multi4,multi3r,tree3,topk2"
 
 
 def decoder_for(name):  # a verifier's name -> a decoder with speculative_sampling's signature
@@ -54,9 +55,12 @@ def decoder_for(name):  # a verifier's name -> a decoder with speculative_sampli
     for prefix, decoder, keywords in (("multi", multi_draft_speculative_sampling, {}),
                                       ("tree", tree_speculative_sampling, {"drafts": "sampled"}),
                                       ("topk", tree_speculative_sampling, {"drafts": "top_k"})):
-        if name.startswith(prefix) and name[len(prefix):].isdigit() and int(name[len(prefix):]) >= 1:
-            return functools.partial(decoder, n_drafts=int(name[len(prefix):]), **keywords)
-    raise ValueError(f"unknown verifier {name!r}: token, block, or multiN, treeN, topkN with N >= 1")
+        count = name[len(prefix):].removesuffix("r") if prefix != "topk" else name[len(prefix):]
+        if name.startswith(prefix) and count.isdigit() and int(count) >= 1:
+            replacement = {"replacement": name.endswith("r")} if prefix != "topk" else {}
+            return functools.partial(decoder, n_drafts=int(count), **replacement, **keywords)
+    raise ValueError(f"unknown verifier {name!r}: token, block, or multiN, treeN (an r after N: drafts drawn with "
+                     f"replacement), topkN, with N >= 1")
 
 
 def parse_args(argv=None):
