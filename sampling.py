@@ -301,8 +301,11 @@ def sample(probs, rng):  # [n_vocab] -> a token id
     if np.count_nonzero(probs) == 1:
         rng.random()
         return int(np.argmax(probs))
+    u = rng.random()
+    if hasattr(u, "inverse_cdf"):  # classroom/exact_law.py's symbolic uniform branches over the tokens itself
+        return u.inverse_cdf(probs)
     cdf = probs.cumsum(dtype=np.float64)
-    u = rng.random() * cdf[-1]
+    u = u * cdf[-1]
     token = int(np.searchsorted(cdf, u, side="right"))
     if token == len(cdf):  # u rounded up to the total itself
         token = int(np.flatnonzero(probs)[-1])

@@ -90,6 +90,9 @@ def test_step_by_step_notebook_matches_the_library():
     assert checks["hand_loop_matches_library"] is True
     assert checks["greedy_speculative_equals_autoregressive"] and checks["assisted_equals_autoregressive"]
     assert checks["speedup_formula_from_measured_costs"] is True and 0 <= checks["loop_lengths_p_value"] <= 1
+    # the loop by hand, found by a search: three drafts or more, one kept although q < p, then a rejection
+    assert checks["hand_loop_keeps_a_q_below_p_draft_then_rejects"] is True and checks["hand_loop_drafts_judged"] >= 3
+    assert checks["target_cache_keeps_only_accepted_drafts"] and checks["draft_feeds_two_tokens_after_a_bonus"]
 
 
 def test_lossless_notebook_chi_square_tells_correct_from_broken():
