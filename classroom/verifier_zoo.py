@@ -1,11 +1,15 @@
-"""Bugs of the verifiers beyond Algorithm 2 (verifiers/), kept as bug_zoo's small patches, and one rule lossy by design.
+"""Bugs of the verifiers beyond Algorithm 2 (verifiers/) as bug_zoo's small patches, and one rule lossy by design.
 
-Each bug appeared in a public implementation of block verification, of several drafts or of a token tree (the
-report is named), and each is a few lines of today's verifier replaced (bug_zoo.Patch, bug_zoo.Variant with the
-verifier as its entry). Several move the output law by less than lossless.check_lossless can see at its sample
-size (about 0.05 in total variation); classroom/exact_law.check_exact computes the law exactly on small tables
-and fails every one. exact_tv is the largest total variation it measures over its default problems
-(tests/test_verifier_zoo.py measures it again); the effect texts quote it.
+Each bug is a few lines of today's verifier replaced (bug_zoo.Patch; bug_zoo.Variant with the verifier as its
+entry and its settings bound, so every decoder here has speculative_sampling's signature): block verification's
+three from vllm-ascend, recursive rejection over several drafts or a tree (multi_draft.recursive_rejection,
+tree.top_k_tree) with llama.cpp's and sglang's, and the residual left un-updated between candidates, for which
+no public report was found. Each report a source names is one we have read.
+
+Some move the output law by less than lossless.check_lossless sees at its sample size (about 0.05 in total
+variation), and one only reaches outputs of probability zero: classroom/exact_law.check_exact computes the law
+exactly on small tables and fails every one. exact_tv is the largest total variation it measures over its default
+problems and the bug's extra_problems() (tests/test_verifier_zoo.py measures it again); the effect texts quote it.
 
 TYPICAL_ACCEPTANCE is not a bug but a rule that trades the target's law for acceptance on purpose (Medusa's
 typical acceptance, vLLM #5015): a labelled exhibit of what "lossy" means, next to the bugs that are lossy by
@@ -20,9 +24,16 @@ import numpy as np
 from classroom import lossless
 from classroom.bug_zoo import Patch, Variant
 from sampling import SamplingSettings, check_K, draw_drafts, prepare, sample, timed_probs
-from verifiers import block
+from verifiers import block, multi_draft, tree
 
 BLOCK = (block, "block_speculative_sampling")
+SPECINFER = ((multi_draft, "multi_draft_speculative_sampling"), (("n_drafts", 2), ("replacement", True)))
+TOP_K_TREE = ((tree, "tree_speculative_sampling"), (("n_drafts", 2), ("drafts", "top_k")))
+RECURSIVE_TEST = """
+    if r < min(1.0, float(residual[token]) / float(p_prime[token])):  # strict: r = 0 never takes q'(c) = 0
+        return i, residual
+"""
+RESIDUAL_UPDATE = "residual = next_residual(residual, p_prime)  # rejected: the next candidate aims at (q' - p')+"
 TAU = "tau = max((i for i in range(1, K + 1) if eta[i - 1] < h[i]), default=0)"
 
 
@@ -76,6 +87,42 @@ BUGS = [
                 tau += 1
             """),),
         entry=BLOCK), 0.6074, True, block_problems),
+    VerifierBug(Variant(
+        "residual_not_updated", "several candidates scored without updating the residual",
+        "no public report found (SpecInfer's rule, Miao et al. 2023, with its update left out)",
+        "every candidate is tested against q itself and a rejection's residual is norm((q - p')+) of q, not of the "
+        "last residual: a second candidate is accepted as if the first had never taken its share, so tokens "
+        "drafted often are over-weighted (total variation 0.15 on check_exact's problems)",
+        (Patch(multi_draft, "recursive_rejection", RECURSIVE_TEST + RESIDUAL_UPDATE, """
+            if r < min(1.0, float(q[token]) / float(p_prime[token])):  # (bug) every candidate against q itself
+                return i, residual
+            residual = next_residual(q, p_prime)  # (bug) the residual of q, never of the last residual
+            """),),
+        entry=SPECINFER[0], settings=SPECINFER[1]), 0.1504, True),
+    VerifierBug(Variant(
+        "top_k_scored_as_sampled", "top-k branches scored with the sampled-draft ratio min(1, q/p)",
+        "ggml-org/llama.cpp examples/speculative: branches of the draft's most likely tokens (PR #3624) tested "
+        "with r <= p_tgt / p_dft and the residual max(0, p_tgt - p_dft) (PR #5625)",
+        "the children of a node are the draft's k most likely tokens, chosen, not drawn from p, but they are "
+        "accepted with min(1, q'/p) and rejected into (q' - p)+ as if drawn: the chosen tokens are under-weighted "
+        "where p > q' and the rest of q' over-weighted (total variation 0.22 on check_exact's problems)",
+        (Patch(tree, "top_k_tree", "expand(tree.add_choice(node, token), [*path, token])", """
+            child = tree.add_choice(node, token)
+            tree.candidates[node][-1] = (child, p)  # (bug) a chosen child scored as if drawn from p
+            expand(child, [*path, token])
+            """),),
+        entry=TOP_K_TREE[0], settings=TOP_K_TREE[1]), 0.2180, True),
+    VerifierBug(Variant(
+        "zero_uniform_accepts_impossible", "a uniform of exactly 0 accepting a draft of target probability 0",
+        "sgl-project/sglang#35771",
+        "the test u <= q'(c) / p'(c) accepts a candidate with q'(c) = 0 when u = 0.0, which numpy's random() can "
+        "return: an output the target rules out, with probability 2^-53 per test (total variation 0; check_exact "
+        "reaches the output and fails it). llama.cpp's examples/speculative tests r <= p_tgt / p_dft too",
+        (Patch(multi_draft, "recursive_rejection", RECURSIVE_TEST, """
+            if r <= min(1.0, float(residual[token]) / float(p_prime[token])):  # (bug) <= takes q'(c) = 0 at r = 0
+                return i, residual
+            """),),
+        entry=TOP_K_TREE[0], settings=TOP_K_TREE[1]), 0.0, False),
 ]
 
 ZOO = {bug.variant.name: bug for bug in BUGS}
