@@ -3,7 +3,9 @@ speculative_sampling's signature samples exactly the target's distribution (loss
 public implementations kept as small patches of sampling.py and gpt2.py, which the checker must catch
 (bug_zoo.py, notebook 7); `exact_law.check_exact(decoder)`, the exact sibling of the statistical check,
 which runs the decoder along every path of its random choices on small tables (exact_law.py, with the
-symbolic random numbers of symbolic.py); the automatic checks of notebook 9's exercises
+symbolic random numbers of symbolic.py); the verifiers' bugs, patches of verifiers/ that the exact check
+catches where the statistical one cannot, and Medusa's typical acceptance, lossy by design (verifier_zoo.py);
+the automatic checks of notebook 9's exercises
 (exercise_checks.py); and models that record each call's time and KV-cache work, for notebook 3's timeline
-of a run (timeline.py). It uses only gpt2.py's and sampling.py's public pieces.
+of a run (timeline.py). It uses only gpt2.py's and sampling.py's public pieces and the verifiers it checks.
 """

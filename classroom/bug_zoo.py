@@ -4,10 +4,11 @@ Every bug here appeared in a public implementation (the issue or pull request is
 survives a casual look: the text still reads well, and most runs look like any other. Each is kept as a
 small patch of the reference source, not as a copy of the algorithm: `Variant.decoder()` takes the
 current source of sampling.py's functions (or of gpt2.cache_resume, the rollback decision every cached
-model goes through), replaces the named lines and compiles the result beside the module, so the zoo
-always tests today's reference with one mistake in it. A patch whose lines no longer appear in the
-reference raises StalePatch, naming the bug and the lines, instead of testing stale code.
-`Variant.diff()` shows a patch as a unified diff against the real file.
+model goes through, or of a verifier in verifiers/), replaces the named lines and compiles the result
+beside the module, so the zoo always tests today's reference with one mistake in it. A patch whose lines
+no longer appear in the reference raises StalePatch, naming the bug and the lines, instead of testing stale
+code. `Variant.diff()` shows a patch as a unified diff against the real file. The verifiers' bugs are in
+classroom/verifier_zoo.py.
 
 lossless.check_lossless tells every bug from the reference (tests/test_bug_zoo.py proves it), except the
 one that only costs speed: a missing bonus token changes no distribution, and
@@ -69,7 +70,12 @@ def rebound_namespace(module):
 
 @dataclass(frozen=True)
 class Variant:
-    """A decoder that differs from the reference by a few lines, where it comes from and what it does."""
+    """A decoder that differs from the reference by a few lines, where it comes from and what it does.
+
+    entry is the decoder the patches run under, (module, function name): sampling.speculative_sampling unless
+    the bug lives in a verifier of verifiers/; settings are the keyword arguments that decoder takes beyond
+    speculative_sampling's, as (name, value) pairs (n_drafts, replacement, drafts).
+    """
 
     name: str
     title: str
@@ -78,6 +84,8 @@ class Variant:
     patches: tuple
     lossless: bool = False  # the myth: looks wrong, is exact
     speed_only: bool = False  # changes no distribution; only tokens per target call show it
+    entry: tuple = (sampling, "speculative_sampling")
+    settings: tuple = ()
 
     def patched_functions(self):  # -> {module: {function name: patched source}}
         patched = {}
@@ -88,8 +96,14 @@ class Variant:
         return patched
 
     def decoder(self):
-        """speculative_sampling with this variant's patches: same signature, compiled from today's source."""
+        """The entry decoder with this variant's patches, compiled from today's source, with
+        speculative_sampling's signature (the settings bound, any of them overridable by keyword)."""
         return build_decoder(self)
+
+    def reference(self):
+        """The same entry decoder, settings and signature, without the patches: what the bug is measured against."""
+        module, name = self.entry
+        return with_speculative_signature(getattr(module, name), dict(self.settings), {}, f"{name}_reference")
 
     def diff(self):
         """The patches as a unified diff of the real files (what a reviewer would have seen)."""
@@ -99,7 +113,7 @@ class Variant:
             changed = original
             for name, source in functions.items():
                 changed = changed.replace(inspect.getsource(getattr(module, name)), source, 1)
-            path = module.__name__ + ".py"
+            path = module.__name__.replace(".", "/") + ".py"
             chunks.append("".join(difflib.unified_diff(original.splitlines(keepends=True),
                                                        changed.splitlines(keepends=True), f"a/{path}", f"b/{path}",
                                                        n=1)))
@@ -108,28 +122,49 @@ class Variant:
 
 @functools.cache
 def build_decoder(variant):
-    sampling_namespace = rebound_namespace(sampling)
-    model_side = {}  # functions of gpt2 swapped in while the decoder runs (the models look them up at each call)
-    for module, functions in variant.patched_functions().items():
-        namespace = sampling_namespace if module is sampling else rebound_namespace(module)
+    patched = variant.patched_functions()
+    entry_module, entry_name = variant.entry
+    # every module the decoder runs through is copied, and the patched functions compiled into their copies
+    namespaces = {module: rebound_namespace(module) for module in {sampling, entry_module, *patched}}
+    for module, functions in patched.items():
         for name, source in functions.items():
-            exec(compile(source, f"<{variant.name}: {module.__name__}.{name}>", "exec"), namespace)
-            if module is not sampling:
-                model_side[(module, name)] = namespace[name]
-    speculative_sampling = sampling_namespace["speculative_sampling"]
+            exec(compile(source, f"<{variant.name}: {module.__name__}.{name}>", "exec"), namespaces[module])
+    link_copies(namespaces)
+    # functions of gpt2 are swapped in while the decoder runs (the models look them up at each call)
+    model_side = {(gpt2, name): namespaces[gpt2][name] for name in patched.get(gpt2, {})}
+    decoder = with_speculative_signature(namespaces[entry_module][entry_name], dict(variant.settings), model_side,
+                                         f"{entry_name}_{variant.name}")
+    decoder.__doc__ = f"{entry_module.__name__}.{entry_name} with a bug: {variant.title} ({variant.source})."
+    return decoder
 
-    def decoder(x, draft_model, target_model, N, K, rng=None, **settings):
+
+def link_copies(namespaces):
+    """A name one copied module imported from another (`from sampling import sample`) now names the copy."""
+    copies = {}
+    for module, namespace in namespaces.items():
+        for name, value in vars(module).items():
+            if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+                copies[value] = namespace[name]
+    for namespace in namespaces.values():
+        for name, value in list(namespace.items()):
+            if isinstance(value, types.FunctionType) and value in copies:
+                namespace[name] = copies[value]
+
+
+def with_speculative_signature(run, settings, model_side, name):
+    """run(x, draft, target, N, K, rng=..., **settings) as decoder(x, draft_model, target_model, N, K, rng, ...)."""
+
+    def decoder(x, draft_model, target_model, N, K, rng=None, **sampling_settings):
         originals = {key: getattr(*key) for key in model_side}
         try:
-            for (module, name), function in model_side.items():
-                setattr(module, name, function)
-            return speculative_sampling(x, draft_model, target_model, N, K, rng, **settings)
+            for (module, function_name), function in model_side.items():
+                setattr(module, function_name, function)
+            return run(x, draft_model, target_model, N, K, rng=rng, **{**settings, **sampling_settings})
         finally:
-            for (module, name), function in originals.items():
-                setattr(module, name, function)
+            for (module, function_name), function in originals.items():
+                setattr(module, function_name, function)
 
-    decoder.__name__ = decoder.__qualname__ = f"speculative_sampling_{variant.name}"
-    decoder.__doc__ = f"sampling.speculative_sampling with a bug: {variant.title} ({variant.source})."
+    decoder.__name__ = decoder.__qualname__ = name
     return decoder
 
 
