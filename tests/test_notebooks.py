@@ -27,7 +27,8 @@ import make_notebooks  # noqa: E402
 
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
              "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "6_choosing_K_and_the_draft.ipynb",
-             "7_bugs_that_look_right.ipynb", "8_batching_and_speculation.ipynb", "9_exercises.ipynb"]
+             "7_bugs_that_look_right.ipynb", "8_batching_and_speculation.ipynb", "9_exercises.ipynb",
+             "10_beyond_algorithm_2.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 
 
@@ -157,6 +158,21 @@ def test_batching_notebook_rows_are_exact_and_every_batch_size_is_measured():
     assert min(checks["verify_steps_by_batch_size"]) > 0
 
 
+def test_beyond_algorithm_2_notebook_proves_each_verifier_and_catches_the_lossy_ones():
+    checks = checks_of(executed("10_beyond_algorithm_2.ipynb"))
+    assert checks["block_example_token"] == "10/9" and checks["block_example_block"] == "11/9"
+    assert checks["block_weights_match_fractions"] and checks["block_example_first_token_is_q"]
+    assert checks["block_never_below_token"] is True and checks["block_equals_token_at_K1_T0_one_hot"] is True
+    assert checks["recursive_rejection_law_is_q"] is True
+    assert checks["tree_logits_equal_plain_feed"] is True and checks["tree_logits_max_difference"] < 1e-3
+    assert checks["oracle_passes_all_three"] is True and checks["buggy_copies_caught"] is True
+    assert min(checks["buggy_copies_tv"].values()) > 1e-4
+    assert checks["typical_acceptance_follows_p"] is True and checks["speculative_follows_q"] is True
+    measured = checks["measured_tokens_per_target_call"]
+    assert measured["autoregressive"] == 1 and all(value >= 1 for value in measured.values()) and len(measured) == 7
+    assert checks["tree_and_rows_same_tokens_per_call"] is True  # one law, the same seeds: the same tokens
+
+
 # ---------------------------------------------------------------- the committed copies
 
 
@@ -182,7 +198,7 @@ def test_readme_links_every_notebook():
     readme = (REPO / "notebooks" / "README.md").read_text()
     for name in NOTEBOOKS:
         assert f"]({name})" in readme, name
-    assert sorted(path.name for path in (REPO / "notebooks").glob("*.ipynb")) == NOTEBOOKS
+    assert sorted(path.name for path in (REPO / "notebooks").glob("*.ipynb")) == sorted(NOTEBOOKS)
 
 
 # ---------------------------------------------------------------- the tool
