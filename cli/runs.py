@@ -130,7 +130,8 @@ def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, 
         else:
             x = sampling.greedy_assisted_generation(prompt_ids, draft, target, N, stats=stats, progress=bar.update)
         seconds = time.perf_counter() - start
-    result = {**token_lists(prompt_ids, x, encoder), "seconds": seconds, "target_calls": stats.target_calls}
+    result = {**token_lists(prompt_ids, x, encoder), "seconds": seconds, "target_calls": stats.target_calls,
+              "tokens_per_target_call": stats.tokens_per_target_call}
     if name != "autoregressive":
         result.update({origin: stats.origins.count(origin) for origin in ("corrected", "bonus")},
                       plain_steps=stats.origins.count("target"), draft_steps_per_token=stats.draft_calls / N,
