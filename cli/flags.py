@@ -306,5 +306,5 @@ def usage(main, examples):
     lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
     for name, (metavar, description) in FLAG_HELP.items():
         syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"
-        lines.append(f"  {syntax:<28} {description} [{described_defaults.get(name, defaults[name])}]")
+        lines.append(f"  {syntax:<32} {description} [{described_defaults.get(name, defaults[name])}]")
     return "\n".join(lines)
