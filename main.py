@@ -9,6 +9,8 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
     python main.py --json        # one JSON object as the last line of stdout
     python main.py --batch_size 8 --temperature 1     # eight sequences at once
     python main.py --prompt "def add(a, b):" --prompt "class Queue:"   # a batch of two prompts
+    python main.py --verifier block --temperature 1      # block verification (verifiers/block.py)
+    python main.py --verifier tree --n_drafts 3 --temperature 1   # three drafts as a token tree (verifiers/tree.py)
 
 Every decoder starts from the same prompt, the same seed and empty caches, runs once untimed, then --repeats
 timed runs of all decoders interleave (cli/runs.py); times are medians and the speedup is the median of the
@@ -17,7 +19,8 @@ paired ratios, printed with their ranges. The speculative text is coloured by wh
 a rejection, or the bonus token the target adds when it accepts all K. Before the runs, speedup/costs.py
 measures this machine's costs (about a second); the report sets the measured speedup beside what the
 formula expects from them, and says from which alpha speculation can pay here. With --batch_size B, or
---prompt given several times, the decoders run over a batch.
+--prompt given several times, the decoders run over a batch. --verifier picks how the speculative decoder
+keeps drafts: Algorithm 2's token verification, or one of verifiers/ (block, several drafts, a token tree).
 Bad input gets `error: ...` on stderr and exit status 2, before any model is loaded where possible.
 `python main.py --help` lists the flags.
 """
@@ -45,7 +48,8 @@ BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "m
 def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach-draft",
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0, seed=123,
          decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
-         dtype="float32", batch_size=None, threads=None):
+         dtype="float32", batch_size=None, threads=None, verifier="token", n_drafts=None, replacement=False,
+         tree_drafts=None):
     """Run the chosen decoders on one prompt and print texts, times, speedup and statistics.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
@@ -55,17 +59,23 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the number
     of rows (B copies of a single prompt). threads: how many threads the NumPy engine splits a product over
-    where that measures faster (engine/threads.py); None is every usable core.
+    where that measures faster (engine/threads.py); None is every usable core. verifier: token (Algorithm 2),
+    block, multi or tree, the speculative decoder's rule; n_drafts: drafts per loop for multi and tree (None:
+    3; token and block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts:
+    sampled, top_k or lookup (None: lookup with prompt-lookup, else sampled).
     Returns the result dict that --json prints.
     """
     decoders = flags.parse_decoders(decoder)
     flags.check_flags(n_tokens_to_generate, K, seed, repeats, decoders, temperature, backend, dtype)
     settings = sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
+    n_drafts, tree_drafts = flags.check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K,
+                                                 draft_model_size)
+    verifier_flags = {"verifier": verifier, "n_drafts": n_drafts, "replacement": replacement, "tree_drafts": tree_drafts}
     prompts = list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
     for text in prompts:
         flags.check_strings(None, prompt=text)
     flags.check_strings(draft_model_size=draft_model_size, target_model_size=target_model_size, models_dir=models_dir)
-    B = flags.batch_rows(batch_size, prompts, decoders, K, draft_model_size)
+    B = flags.batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier)
     flags.set_threads(threads)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
     lookup = draft_model_size == drafts.PROMPT_LOOKUP
@@ -90,7 +100,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
                                        {"draft": draft_model_size, "target": target_model_size, "K": K,
                                         "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                                         "n_tokens": n_tokens_to_generate, "repeats": repeats, "backend": backend,
-                                        "dtype": dtype})
+                                        "dtype": dtype, **verifier_flags})
         if json:
             print(jsonlib.dumps(result))
         else:
@@ -103,19 +113,21 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
              else backends.make_model(draft_params, draft_hparams, backend, dtype, in_place=True))
     runs.explain_backend(backend, dtype)
     runs.explain_blas_kernels(backend)
+    runs.explain_verifier(verifier, backend)
 
     # this machine's costs, before the runs: the report's explanation, and --K auto's choices (JAX's device
     # loops time no single step, so they are measured there only for --K auto, which runs on the host)
     measured = costs.measure_costs(target, draft, prompt_ids, settings) if backend == "numpy" or K == "auto" else None
     speculative_draft = costs.AutoK(draft, measured) if K == "auto" else draft
+    speculative = runs.verifier_decoder(verifier, n_drafts, replacement, tree_drafts)  # None: Algorithm 2
     runs_by_name, stats = runs.compare(decoders, lambda name: runs.run_decoder(
         name, prompt_ids, draft, speculative_draft, target, encoder, n_tokens_to_generate,
-        runs.AUTO_K_MAX if K == "auto" else K, settings, seed), repeats)
+        runs.AUTO_K_MAX if K == "auto" else K, settings, seed, speculative), repeats)
 
     result = {"prompt": prompt, "draft": draft_model_size, "target": target_model_size, "K": K,
               "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
               "n_tokens": n_tokens_to_generate, "repeats": repeats, "backend": backend, "dtype": dtype,
-              "costs": runs.describe_costs(measured)}
+              **verifier_flags, "costs": runs.describe_costs(measured)}
     stats = {name: stats.get(name) for name in DECODERS}  # the report follows this order
     result.update({name: runs_by_name.get(name) for name in DECODERS})
     runs.add_run_costs(result, stats, measured)

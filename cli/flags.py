@@ -18,6 +18,7 @@ from encoder import get_encoder
 from engine.threads import THREADS
 from jax_backend import backends
 from speedup import drafts
+from verifiers.tree import DRAFTS as TREE_DRAFTS
 
 DECODERS = ("autoregressive", "speculative", "assisted")
 
@@ -37,6 +38,15 @@ FLAG_HELP = {
     "top_p": ("FLOAT", "keep the fewest most likely tokens holding this much probability; 1 keeps all"),
     "seed": ("INT", "seed of the random numbers (every decoder starts from it)"),
     "decoder": ("NAMES", "comma-separated, among autoregressive, speculative and assisted (greedy only)"),
+    "verifier": ("NAME", "how the speculative decoder keeps drafts: token (Algorithm 2), block (block verification), "
+                         "multi (--n_drafts drafts by recursive rejection) or tree (--n_drafts drafts as a token "
+                         "tree, one target call)"),
+    "n_drafts": ("INT", "drafts per loop: 1 for token and block, any >= 1 for multi and tree"),
+    "replacement": (None, "multi and tree's sampled drafts drawn independently (SpecInfer) rather than with distinct "
+                          "first tokens (RSD)"),
+    "tree_drafts": ("NAME", "how --verifier tree grows its tree: sampled (the drafts of multi), top_k (the draft's "
+                            "--n_drafts likeliest tokens at every node, to depth K) or lookup (--n_drafts prompt-lookup "
+                            "matches, with --draft_model_size prompt-lookup)"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
     "json": (None, "print one JSON object instead of the report"),
     "color": (None, "colour the speculative text by where each token came from"),
@@ -48,8 +58,15 @@ FLAG_HELP = {
                        "one thread, as before engine/threads.py)"),
 }
 FLAGS = tuple(FLAG_HELP)
-BOOLEAN_FLAGS = ("json", "color")
-STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype")
+BOOLEAN_FLAGS = ("json", "color", "replacement")
+STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype",
+                "verifier", "tree_drafts")
+# fire's one-letter -x names the only flag starting with x; the verifier's later flags take no part, so that -n and
+# -r still name --n_tokens_to_generate and --repeats
+ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "replacement", "tree_drafts"))
+VERIFIERS = ("token", "block", "multi", "tree")
+SEVERAL_DRAFTS = ("multi", "tree")  # the verifiers that take --n_drafts > 1
+DEFAULT_N_DRAFTS = 3  # multi and tree, when --n_drafts is not given
 
 
 def flag_name(arg):
@@ -59,7 +76,7 @@ def flag_name(arg):
     if len(arg) < 2 or not arg.startswith("-") or arg[1].isdigit() or arg[1] == ".":  # -1 and -.5 are values
         return None
     name = arg[1:].split("=", 1)[0]
-    matches = [flag for flag in FLAGS if flag.startswith(name)] if len(name) == 1 else []
+    matches = [flag for flag in ONE_LETTER_FLAGS if flag.startswith(name)] if len(name) == 1 else []
     return matches[0] if len(matches) == 1 else name  # fire's -x names the only flag starting with x
 
 
@@ -90,8 +107,8 @@ def parse_arguments(argv):
     """The command line -> {flag name: its value as typed}, refusing what fire would silently misread.
 
     Fire would read a flag given no value as True (`--prompt` alone ran with the prompt "True") and
-    stray words as positional arguments (`main.py hello 5`). Here --json, --color and --help take no
-    value (or =true, =false), every other flag takes one, and there are no positional arguments. A text
+    stray words as positional arguments (`main.py hello 5`). Here --json, --color, --replacement and --help
+    take no value (or =true, =false), every other flag takes one, and there are no positional arguments. A text
     flag's value may start with "-" unless it is one of main's flags (--prompt --K 3 lacks a prompt);
     --prompt=--K is a prompt. --prompt given several times gives a list of prompts: a batch.
     """
@@ -165,6 +182,49 @@ def check_flags(n_tokens, K, seed, repeats, decoders, temperature, backend, dtyp
         raise ValueError(f"the assisted decoder is greedy: it needs --temperature 0, got {temperature!r}")
 
 
+def check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, draft_model_size):
+    """--verifier and the flags that go with it, checked together. -> (n_drafts, tree_drafts), defaults filled in.
+
+    n_drafts: 1 for token and block (one draft per loop), DEFAULT_N_DRAFTS for multi and tree when not given.
+    tree_drafts: None but for the tree, which grows from prompt-lookup matches with --draft_model_size
+    prompt-lookup (there is no draft model to sample from or rank) and from sampled drafts otherwise.
+    """
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown --verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
+    if verifier != "token" and "speculative" not in decoders:
+        raise ValueError(f"--verifier {verifier} applies to the speculative decoder: add speculative to --decoder")
+    several = verifier in SEVERAL_DRAFTS
+    n_drafts = (DEFAULT_N_DRAFTS if several else 1) if n_drafts is None else n_drafts
+    if not sampling.is_integer(n_drafts) or n_drafts < 1:
+        raise ValueError(f"--n_drafts must be an integer >= 1, got {n_drafts!r}")
+    if n_drafts != 1 and not several:
+        raise ValueError(f"--verifier {verifier} verifies one draft per loop: --n_drafts {n_drafts} needs --verifier "
+                         "multi or tree")
+    if tree_drafts is not None and verifier != "tree":
+        raise ValueError(f"--tree_drafts applies to --verifier tree, not {verifier}")
+    lookup = draft_model_size == drafts.PROMPT_LOOKUP
+    if verifier == "tree":
+        tree_drafts = ("lookup" if lookup else "sampled") if tree_drafts is None else tree_drafts
+        if tree_drafts not in TREE_DRAFTS:
+            raise ValueError(f"unknown --tree_drafts {tree_drafts!r}: choose one of {', '.join(TREE_DRAFTS)}")
+        if tree_drafts == "lookup" and not lookup:
+            raise ValueError("--tree_drafts lookup needs --draft_model_size prompt-lookup")
+        if tree_drafts != "lookup" and lookup:
+            raise ValueError(f"--tree_drafts {tree_drafts} needs a draft model; with prompt-lookup the tree grows from "
+                             "lookup matches (leave --tree_drafts out)")
+    if verifier == "multi" and lookup:
+        raise ValueError("--verifier multi with prompt-lookup has one draft per loop (the latest match): --verifier "
+                         "tree takes several matches")
+    if not isinstance(replacement, bool):
+        raise ValueError(f"--replacement takes no value (or =true, =false), got {replacement!r}")
+    if replacement and not (several and tree_drafts in (None, "sampled")):
+        raise ValueError("--replacement applies to sampled drafts, with --verifier multi or tree (--tree_drafts sampled)")
+    if K == "auto" and verifier not in ("token", "block"):
+        raise ValueError(f"--K auto chooses one draft's K per loop: it works with --verifier token or block, not "
+                         f"{verifier}")
+    return n_drafts, tree_drafts
+
+
 def set_threads(threads):
     """--threads, checked, for every product of the NumPy engine (engine/threads.py); None: every usable core."""
     if threads is not None and (not sampling.is_integer(threads) or threads < 1):
@@ -172,7 +232,7 @@ def set_threads(threads):
     THREADS.set(None if threads is None else int(threads))
 
 
-def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
+def batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier="token"):
     """How many rows to decode: --batch_size, or one per --prompt; a batch's flags checked before any loading."""
     if batch_size is not None and (not sampling.is_integer(batch_size) or batch_size < 1):
         raise ValueError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
@@ -188,6 +248,9 @@ def batch_rows(batch_size, prompts, decoders, K, draft_model_size):
                              "speculative (--decoder autoregressive,speculative)")
         if K == "auto" or draft_model_size == drafts.PROMPT_LOOKUP:
             raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto or prompt-lookup)")
+        if verifier != "token":
+            raise ValueError(f"a batch verifies token by token (Algorithm 2): --verifier {verifier} decodes one "
+                             "sequence")
     return B
 
 
@@ -237,9 +300,11 @@ def usage(main, examples):
     defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
     described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
                           "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt",
-                          "threads": "every usable core"}
+                          "threads": "every usable core", "replacement": "off",
+                          "n_drafts": f"1; {DEFAULT_N_DRAFTS} with --verifier multi or tree",
+                          "tree_drafts": "sampled; lookup with prompt-lookup"}
     lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
     for name, (metavar, description) in FLAG_HELP.items():
         syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"
-        lines.append(f"  {syntax:<28} {description} [{described_defaults.get(name, defaults[name])}]")
+        lines.append(f"  {syntax:<32} {description} [{described_defaults.get(name, defaults[name])}]")
     return "\n".join(lines)

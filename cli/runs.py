@@ -12,6 +12,7 @@ seed + i, so row 0 is exactly the one-sequence run with --seed.
 new tokens (as the decoders return them), `new_tokens` the new ones only, `text` their text.
 """
 
+import functools
 import os
 import resource
 import statistics
@@ -27,6 +28,9 @@ from engine import sampling_batched
 from engine.threads import THREADS
 from jax_backend import backends
 from speedup import costs, drafts
+from verifiers.block import block_speculative_sampling
+from verifiers.multi_draft import multi_draft_speculative_sampling
+from verifiers.tree import tree_speculative_sampling
 
 AUTO_K_MAX = 12  # --K auto considers K = 0 .. 12
 # OpenBLAS's x86 kernels for AVX-512 (its OPENBLAS_CORETYPE names)
@@ -87,11 +91,25 @@ def token_lists(prompt, x, encoder):
 # ---- one sequence ------------------------------------------------------------------------------------
 
 
-def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, K, settings, seed):
+def verifier_decoder(verifier, n_drafts=1, replacement=False, tree_drafts=None):
+    """--verifier's decoder, with speculative_sampling's signature (rng passed by keyword: multi and tree take
+    n_drafts before it); None for token verification, whose decoder the backend picks (sampling, or
+    sampling_jax's device loop). The others are the host's loops in verifiers/, on either backend's models."""
+    if verifier == "token":
+        return None
+    if verifier == "block":
+        return block_speculative_sampling
+    if verifier == "multi":
+        return functools.partial(multi_draft_speculative_sampling, n_drafts=n_drafts, replacement=replacement)
+    return functools.partial(tree_speculative_sampling, n_drafts=n_drafts, replacement=replacement, drafts=tree_drafts)
+
+
+def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, K, settings, seed, verifier=None):
     """One decoder from empty caches and a fresh Generator: -> (its result dict, its stats).
 
     speculative_draft is what speculative sampling drafts with (the draft, or costs.AutoK around it for --K
-    auto); the assisted decoder adapts its own K and drafts with the draft itself.
+    auto); the assisted decoder adapts its own K and drafts with the draft itself. verifier: the speculative
+    decoder (verifier_decoder's), or None for Algorithm 2.
     """
     for model in (draft, speculative_draft, target):
         model.reset()
@@ -106,15 +124,17 @@ def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, 
             x = decoders.autoregressive_sampling(prompt_ids, target, N, rng, **keywords, stats=stats,
                                                  progress=bar.update)
         elif name == "speculative":
-            x = decoders.speculative_sampling(prompt_ids, speculative_draft, target, N, K, rng, **keywords,
-                                              stats=stats, progress=bar.update)
+            speculative = verifier or decoders.speculative_sampling
+            x = speculative(prompt_ids, speculative_draft, target, N, K, rng=rng, **keywords, stats=stats,
+                            progress=bar.update)
         else:
             x = sampling.greedy_assisted_generation(prompt_ids, draft, target, N, stats=stats, progress=bar.update)
         seconds = time.perf_counter() - start
-    result = {**token_lists(prompt_ids, x, encoder), "seconds": seconds, "target_calls": stats.target_calls}
+    result = {**token_lists(prompt_ids, x, encoder), "seconds": seconds, "target_calls": stats.target_calls,
+              "tokens_per_target_call": stats.tokens_per_target_call}
     if name != "autoregressive":
         result.update({origin: stats.origins.count(origin) for origin in ("corrected", "bonus")},
-                      plain_steps=stats.origins.count("target"),
+                      plain_steps=stats.origins.count("target"), draft_steps_per_token=stats.draft_calls / N,
                       copied_fraction=drafts.copied_fraction(prompt_ids, result["new_tokens"]))
         if name == "speculative" and isinstance(speculative_draft, costs.AutoK):
             result["K_chosen"] = list(speculative_draft.chosen)
@@ -152,6 +172,8 @@ def add_run_costs(result, stats, measured):
         stats[name].decode_step_seconds = decode_step
         result[name].update(stats[name].as_dict())
         result[name].pop("generated")
+        if name == "speculative" and result["verifier"] != "token":  # the formula models Algorithm 2's loop
+            result[name].update(expected_speedup=None, expected_speedup_one_step=None)
         if result["autoregressive"] is not None:
             result[name]["same_text_as_autoregressive"] = (result[name]["new_tokens"]
                                                            == result["autoregressive"]["new_tokens"])
@@ -230,6 +252,13 @@ def explain_backend(backend, dtype):
     if dtype == "bfloat16" and jax.default_backend() == "cpu":
         print("note: bfloat16 is emulated on CPUs: slower than float32, and its rounding can change the text "
               "(and so the speedup) from float32's", file=sys.stderr)
+
+
+def explain_verifier(verifier, backend):
+    """One line on stderr where --verifier runs the host's loop on the JAX models."""
+    if backend == "jax" and verifier != "token":
+        print(f"note: --verifier {verifier} runs its loop on the host (verifiers/), calling the JAX models step by "
+              "step: only token verification has a device loop", file=sys.stderr)
 
 
 def explain_blas_kernels(backend, cpuinfo_path="/proc/cpuinfo"):

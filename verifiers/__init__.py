@@ -13,3 +13,7 @@ Each decoder has sampling.speculative_sampling's contract (both model contracts,
 sampling.py's primitives (sample, max_fn, next_token_probs, draw_drafts). classroom/exact_law.py proves each
 exact on small tables; classroom/lossless.py checks each by sampling.
 """
+
+from verifiers.block import block_speculative_sampling  # noqa: F401 (re-exported: from verifiers import ...)
+from verifiers.multi_draft import multi_draft_speculative_sampling  # noqa: F401
+from verifiers.tree import tree_speculative_sampling  # noqa: F401
