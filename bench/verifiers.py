@@ -44,7 +44,8 @@ from verifiers.block import block_speculative_sampling  # noqa: E402
 from verifiers.multi_draft import multi_draft_speculative_sampling  # noqa: E402
 from verifiers.tree import tree_speculative_sampling  # noqa: E402
 
-DEFAULT_VERIFIERS = "token,block,multi2,multi3,multi4,multi3r,tree3,topk2"
+DEFAULT_VERIFIERS = "token,block,multi2,multi3,multi3r,tree3,topk2"
+MAX_TREE_NODES = 64  # a top-k tree grows as N^K: larger ones are left out (2 children to depth 8: 510 nodes)
 
 
 def decoder_for(name):  # a verifier's name -> a decoder with speculative_sampling's signature
@@ -68,7 +69,8 @@ def parse_args(argv=None):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--draft", default="teach-draft")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt", help="held-out text for prompts")
+    parser.add_argument("--heldout", default="build/corpus/heldout.txt",
+                        help="held-out text for prompts (tools/build_corpus.py; tests/fixtures/heldout_sample.txt is a sample)")
     parser.add_argument("--n_prompts", type=int, default=16)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0, 1, ...)")
@@ -102,9 +104,13 @@ def timed_run(decoder, prompt, draft, target, N, K, seed, temperature):  # -> (t
     return out, time.perf_counter() - start, stats
 
 
+def tree_nodes(name, K):  # a top-k tree's size: N + N^2 + ... + N^K nodes; the other verifiers' trees are small
+    return sum(int(name[4:]) ** depth for depth in range(1, K + 1)) if name.startswith("topk") else 0
+
+
 def measure(temperature, prompts, draft, target, args):  # -> {(verifier, K): row}
     runs = {(name, K): {"stats": sampling.SpeculativeStats(), "speedups": []}
-            for name in args.verifiers for K in args.K}
+            for name in args.verifiers for K in args.K if tree_nodes(name, K) <= MAX_TREE_NODES}
     for prompt in prompts:
         for seed in range(args.seeds):
             reference, ar_seconds, _ = timed_run(sampling.autoregressive_sampling, prompt, draft, target,

@@ -28,7 +28,7 @@ def test_gains_are_ratios_of_tokens_per_target_call():
 
 def test_a_small_run_of_every_kind_of_verifier():
     command = [sys.executable, str(REPO / "bench" / "verifiers.py"), "--n_prompts", "1", "--seeds", "1",
-               "--n_tokens", "8", "--K", "2", "--temperature", "0,1",
+               "--n_tokens", "8", "--K", "2", "--temperature", "0,1", "--heldout", "tests/fixtures/heldout_sample.txt",
                "--verifiers", "token,block,multi2,multi2r,tree2,topk2"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
