@@ -235,8 +235,9 @@ def verify_report(model, prompt, repeats):
             device[n].append(timed(lambda: feed(model, n_block, len(prompt), 1 if n == 1 else n_block)
                                    .block_until_ready())[1])
     model.reset()
+    buckets = [gpt2_jax.bucket_size(n, model.n_ctx) for n in VERIFIED]
     report = {"statistic": f"median of {repeats}, interleaved; device: the jitted step alone (n tokens padded to "
-                           f"the bucket the model compiles: {[gpt2_jax.bucket_size(n, model.n_ctx) for n in VERIFIED]})"}
+                           f"the bucket the model compiles: {buckets})"}
     for name, times in (("", api), ("device_", device)):
         median = {n: statistics.median(seconds[1:]) for n, seconds in times.items()}
         for n in VERIFIED:
@@ -488,7 +489,8 @@ def main():
             run("hf", name, f"hf {name}", lambda: hf_ms_per_token(hparams, prompt.tolist(), args.n_tokens,
                                                                   args.repeats))
     elif "hf" in args.parts:
-        result["skipped"]["hf"] = f"transformers is timed on CUDA only: {result['has'].get('torch_missing') or 'torch sees no CUDA device'}"
+        why = result["has"].get("torch_missing") or "torch sees no CUDA device"
+        result["skipped"]["hf"] = f"transformers is timed on CUDA only: {why}"
     result["targets"] = targets(result, args.small)
     write_json_atomically(args.out, result)
     print(json.dumps(result))

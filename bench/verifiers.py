@@ -70,7 +70,8 @@ def parse_args(argv=None):
     parser.add_argument("--draft", default="teach-draft")
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--heldout", default="build/corpus/heldout.txt",
-                        help="held-out text for prompts (tools/build_corpus.py; tests/fixtures/heldout_sample.txt is a sample)")
+                        help="held-out text for the prompts (tools/build_corpus.py writes it; "
+                             "tests/fixtures/heldout_sample.txt is a sample of it)")
     parser.add_argument("--n_prompts", type=int, default=16)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0, 1, ...)")

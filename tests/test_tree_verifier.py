@@ -11,39 +11,25 @@ import utils
 from classroom import lossless
 from conftest import REPO
 from verifiers.multi_draft import multi_draft_speculative_sampling
-from verifiers.tree import TokenTree, lookup_continuations, score_tree, top_k_tree, tree_speculative_sampling
+from verifiers.tree import (TokenTree, lookup_continuations, score_paths, score_tree, top_k_tree,
+                            tree_speculative_sampling)
 
 TARGET, DRAFT = lossless.random_context_table(4, 1), lossless.random_context_table(4, 2)
 
 
-class TreeTableModel(lossless.CachedTableModel):
-    """A cached table model with tree attention: node i's logits read node i's token and its parent's (x's last
-    token, from the cache, for a child of x), as ContextTable.logits_at reads a position and the one before."""
+class CountedTreeModel(lossless.CachedTableModel):
+    """lossless's cached table model (which has tree_logits and keep_tree_path), counting its tree calls."""
 
-    def __init__(self, table, n_ctx=64):
-        super().__init__(table, n_ctx)
-        self.tree_calls = 0
+    tree_calls = 0
 
-    def tree_logits(self, x, tokens, parents):  # -> [len(tokens) + 1, n_vocab]
+    def tree_logits(self, x, tokens, parents):
         self.tree_calls += 1
-        after_x = self.logits(x, 1)  # x through the cache, rolled back as a GPT2Model rolls back
-        self.scored_tree = (len(x), tokens, parents)
-        two_back = np.where(parents >= 0, tokens[np.maximum(parents, 0)], self.cache[len(x) - 1])
-        return np.concatenate([after_x, self.context.table[two_back, tokens]])
-
-    def keep_tree_path(self, nodes):
-        n, tokens, parents = self.scored_tree
-        if any(parents[node] != parent for parent, node in zip([-1, *nodes], nodes)):
-            raise ValueError(f"nodes {nodes} are not a path down from x in the tree with parents {parents.tolist()}")
-        self.cache[n:n + len(nodes)] = tokens[nodes]
-        self.cached_tokens = np.concatenate([self.cached_tokens[:n], tokens[nodes]])
+        return super().tree_logits(x, tokens, parents)
 
 
 def tree_decoder(n_drafts, drafts, replacement=False):
-    """tree_speculative_sampling with speculative_sampling's signature; cached targets get tree attention."""
+    """tree_speculative_sampling with speculative_sampling's signature (cached targets score the tree in one call)."""
     def decoder(x, draft_model, target_model, N, K, rng=None, **settings):
-        if isinstance(target_model, lossless.CachedTableModel):
-            target_model = TreeTableModel(target_model.context, target_model.n_ctx)
         return tree_speculative_sampling(x, draft_model, target_model, N, K, n_drafts, rng, drafts=drafts,
                                          replacement=replacement, **settings)
     return decoder
@@ -59,16 +45,15 @@ def bundled_pair():
             gpt2.GPT2Model(target_params, target_hparams, layout="plain"))
 
 
-def test_tree_logits_of_the_fake_equal_each_path_scored_as_a_sequence():
+def test_tree_logits_of_the_cached_table_model_equal_each_path_scored_as_a_sequence():
     tree = TokenTree()
     for draft in ([1, 2, 3], [1, 0], [3, 3, 1], [1, 2, 0]):
         tree.add_draft(draft, [None] * len(draft))
     assert tree.tokens == [1, 2, 3, 0, 3, 3, 1, 0] and tree.parents == [-1, 0, 1, 0, -1, 4, 5, 1]
     x, settings = np.array([2, 0, 1]), sampling.SamplingSettings(0.8)
-    by_paths = score_tree(lossless.CachedTableModel(TARGET), x, tree.tokens, tree.parents, settings,
-                          sampling.SpeculativeStats())
+    by_paths = score_paths(lossless.CachedTableModel(TARGET), x, tree.tokens, tree.parents, settings)
     stats = sampling.SpeculativeStats()
-    by_tree = score_tree(TreeTableModel(TARGET), x, tree.tokens, tree.parents, settings, stats)
+    by_tree = score_tree(lossless.CachedTableModel(TARGET), x, tree.tokens, tree.parents, settings, stats)
     assert by_tree.dtype == np.float32 and by_tree.shape == (9, 4) and stats.target_calls == 1
     np.testing.assert_array_equal(by_tree, by_paths)
 
@@ -83,15 +68,15 @@ def test_a_sampled_draft_is_a_candidate_at_every_node_it_passes_duplicates_inclu
     assert tree.add_choice(-1, 1) == 0 and len(tree.candidates[-1]) == 3  # a chosen token already there: no new try
 
 
-@pytest.mark.parametrize("target_kind", [lossless.TableCallable, lossless.CachedTableModel, TreeTableModel])
+@pytest.mark.parametrize("target_kind", [lossless.TableCallable, lossless.CachedTableModel])
 def test_a_sampled_tree_is_multi_draft_token_for_token(target_kind):
-    kind = lossless.TableCallable if target_kind is lossless.TableCallable else lossless.CachedTableModel
     for seed in range(8):
         for replacement, n_drafts in [(True, 3), (False, 3), (False, 1)]:
             expected_stats, stats = sampling.SpeculativeStats(), sampling.SpeculativeStats()
-            expected = multi_draft_speculative_sampling([2, 0], kind(DRAFT), kind(TARGET), 10, 3, n_drafts, seed,
+            expected = multi_draft_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3,
+                                                        n_drafts, seed,
                                                         replacement=replacement, stats=expected_stats)
-            got = tree_speculative_sampling([2, 0], kind(DRAFT), target_kind(TARGET), 10, 3, n_drafts, seed,
+            got = tree_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3, n_drafts, seed,
                                             replacement=replacement, stats=stats)
             assert got.tolist() == expected.tolist()
             assert stats.origins == expected_stats.origins and stats.drafted == expected_stats.drafted
@@ -127,7 +112,7 @@ def test_check_lossless_passes(drafts, n_drafts, replacement):
 
 def test_one_target_call_per_loop_and_K_plus_1_tokens_from_a_perfect_draft():
     assert lossless.check_tokens_per_call(tree_decoder(1, "sampled")).passed  # it counts the model's calls
-    target, stats = TreeTableModel(TARGET), sampling.SpeculativeStats()
+    target, stats = CountedTreeModel(TARGET), sampling.SpeculativeStats()
     out = tree_speculative_sampling([2, 0], lossless.CachedTableModel(TARGET), target, 24, 3, 3, 0, stats=stats)
     assert len(out) == 26 and target.tree_calls == stats.target_calls == stats.loops == 6 and stats.accepted == 18
 
