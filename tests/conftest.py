@@ -10,6 +10,17 @@ REPO = Path(__file__).resolve().parents[1]
 GPT2_VOCAB_DIR = REPO / "tests" / "fixtures" / "gpt2-vocab"
 
 
+def bundled_pair_after(text):  # -> (text's tokens, the draft, the target), the pair in the plain layout
+    """The bundled pair (models/teach-*) in the plain layout, which repeats a run bit for bit, and a prompt."""
+    import gpt2
+    import utils
+
+    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", REPO / "models")
+    return (encoder.encode(text), gpt2.GPT2Model(draft_params, draft_hparams, layout="plain"),
+            gpt2.GPT2Model(target_params, target_hparams, layout="plain"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

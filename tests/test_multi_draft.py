@@ -7,11 +7,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-import gpt2
 import sampling
-import utils
 from classroom import lossless
-from conftest import REPO
+from conftest import bundled_pair_after
 from verifiers.multi_draft import (draw_distinct_drafts, multi_draft_speculative_sampling, next_residual,
                                    without)
 
@@ -29,12 +27,7 @@ def with_n_drafts(n_drafts, replacement):
 
 @pytest.fixture(scope="module")
 def bundled_pair():
-    models = REPO / "models"
-    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", models)
-    _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", models)
-    prompt = encoder.encode("def mean(values):\n    total = 0\n    for")
-    return (prompt, gpt2.GPT2Model(draft_params, draft_hparams, layout="plain"),
-            gpt2.GPT2Model(target_params, target_hparams, layout="plain"))
+    return bundled_pair_after("def mean(values):\n    total = 0\n    for")
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)

@@ -5,11 +5,9 @@ lossless, one target call per loop."""
 import numpy as np
 import pytest
 
-import gpt2
 import sampling
-import utils
 from classroom import lossless
-from conftest import REPO
+from conftest import bundled_pair_after
 from verifiers.multi_draft import multi_draft_speculative_sampling
 from verifiers.tree import (TokenTree, lookup_continuations, score_paths, score_tree, top_k_tree,
                             tree_speculative_sampling)
@@ -37,12 +35,7 @@ def tree_decoder(n_drafts, drafts, replacement=False):
 
 @pytest.fixture(scope="module")
 def bundled_pair():
-    models = REPO / "models"
-    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", models)
-    _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", models)
-    prompt = encoder.encode("def mean(values):\n    total = 0\n    for value in values:\n        total")
-    return (prompt, gpt2.GPT2Model(draft_params, draft_hparams, layout="plain"),
-            gpt2.GPT2Model(target_params, target_hparams, layout="plain"))
+    return bundled_pair_after("def mean(values):\n    total = 0\n    for value in values:\n        total")
 
 
 def test_tree_logits_of_the_cached_table_model_equal_each_path_scored_as_a_sequence():
