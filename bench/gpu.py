@@ -346,7 +346,7 @@ def pair_report(args):
     draft = gpt2_jax.JaxGPT2Model(draft_params, draft_hparams)
     target = gpt2_jax.JaxGPT2Model(target_params, target_hparams)
     prompt = encoder.encode("def fibonacci(n):\n    ")
-    N = min(64, target_hparams["n_ctx"] - len(prompt))
+    N = min(args.n_tokens, target_hparams["n_ctx"] - len(prompt))
     report = {"draft": names[0], "target": names[1], "N": N}
     # the host's loops (sampling), then the device loops (sampling_jax), on the same models
     for module, K, temperature in itertools.product((sampling, sampling_jax), (2, 4), (0.0, 1.0)):

@@ -64,7 +64,12 @@ def executed(name):
 # ---------------------------------------------------------------- executed now
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+def on_its_notebooks_worker(name):
+    """pytest-xdist runs the tests that read one executed notebook on one worker, which executes it once."""
+    return pytest.mark.xdist_group(name)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=on_its_notebooks_worker(name)) for name in NOTEBOOKS])
 def test_notebook_executes_and_its_checks_pass(name):
     notebook = executed(name)  # raises CellExecutionError if any cell fails
     assert not [output for output in outputs(notebook) if output.output_type == "error"]
@@ -74,6 +79,7 @@ def test_notebook_executes_and_its_checks_pass(name):
     assert checks and not failed, f"{name}: failed checks {failed}"
 
 
+@on_its_notebooks_worker("1_gpt2_in_numpy.ipynb")
 def test_gpt2_notebook_hand_pass_and_greedy_check():
     checks = checks_of(executed("1_gpt2_in_numpy.ipynb"))
     assert checks["hand_pass_max_abs_diff"] < 1e-3
@@ -85,12 +91,14 @@ def test_gpt2_notebook_hand_pass_and_greedy_check():
     assert checks["training_stages_shown"] == 1 + distillations + ("target_unlikelihood" in log)
 
 
+@on_its_notebooks_worker("2_decoding_and_kv_cache.ipynb")
 def test_decoding_notebook_cache_and_processing():
     checks = checks_of(executed("2_decoding_and_kv_cache.ipynb"))
     assert checks["cache_gives_same_tokens"] and checks["own_loop_matches_library"]
     assert checks["top_k_keeps_k"] and checks["top_p_is_smallest_set_over_p"]
 
 
+@on_its_notebooks_worker("3_speculative_step_by_step.ipynb")
 def test_step_by_step_notebook_matches_the_library():
     checks = checks_of(executed("3_speculative_step_by_step.ipynb"))
     assert checks["hand_loop_matches_library"] is True
@@ -101,6 +109,7 @@ def test_step_by_step_notebook_matches_the_library():
     assert checks["target_cache_keeps_only_accepted_drafts"] and checks["draft_feeds_two_tokens_after_a_bonus"]
 
 
+@on_its_notebooks_worker("4_why_lossless.ipynb")
 def test_lossless_notebook_chi_square_tells_correct_from_broken():
     checks = checks_of(executed("4_why_lossless.ipynb"))
     assert checks["proof_terms_sum_to_q"] is True
@@ -110,6 +119,7 @@ def test_lossless_notebook_chi_square_tells_correct_from_broken():
         assert checks[key] < 1e-6, key
 
 
+@on_its_notebooks_worker("4_why_lossless.ipynb")
 def test_lossless_notebook_proves_whole_sequences_and_the_conditions():
     checks = checks_of(executed("4_why_lossless.ipynb"))
     assert checks["induction_exact_max_error"] < 1e-12 and checks["induction_wrong_bonus_error"] > 0.01
@@ -119,6 +129,7 @@ def test_lossless_notebook_proves_whole_sequences_and_the_conditions():
     assert checks["joint_check_p_value_bonus_bug"] < 0.001
 
 
+@on_its_notebooks_worker("5_when_it_pays.ipynb")
 def test_when_it_pays_notebook_measures_every_K():
     checks = checks_of(executed("5_when_it_pays.ipynb"))
     assert checks["formula_matches_stats"] and checks["acceptance_in_range"]
@@ -127,6 +138,7 @@ def test_when_it_pays_notebook_measures_every_K():
     assert checks["runs_per_K"] >= 8 and checks["target_parameters_M"] > 0  # bootstrap units; sizes from the params
 
 
+@on_its_notebooks_worker("6_choosing_K_and_the_draft.ipynb")
 def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
     checks = checks_of(executed("6_choosing_K_and_the_draft.ipynb"))
     assert checks["v1_is_one"] and checks["surface_optimum_is_best_K"]
@@ -134,6 +146,7 @@ def test_choosing_K_notebook_measures_both_drafts_and_keeps_the_greedy_tokens():
     assert checks["auto_K_median_speedup"] > 0 and checks["assisted_median_speedup"] > 0
 
 
+@on_its_notebooks_worker("7_bugs_that_look_right.ipynb")
 def test_bugs_notebook_shows_every_bug_caught_and_the_myth_exact():
     checks = checks_of(executed("7_bugs_that_look_right.ipynb"))
     assert checks["reference_passed"] and checks["reference_p_value"] > 0.001
@@ -143,12 +156,14 @@ def test_bugs_notebook_shows_every_bug_caught_and_the_myth_exact():
     assert checks["power_at_default_tv_0.05"] > 0.9 and checks["power_at_default_tv_0.02"] < 0.5
 
 
+@on_its_notebooks_worker("9_exercises.ipynb")
 def test_exercises_notebook_checks_every_exercise_and_leaves_them_to_the_class():
     checks = checks_of(executed("9_exercises.ipynb"))
     assert set(checks) == {str(number) for number in range(1, 14)} | {"7b", "12b"}
     assert set(checks.values()) == {"unsolved"}  # the stubs; tests/test_exercises.py runs the checks on solutions
 
 
+@on_its_notebooks_worker("8_batching_and_speculation.ipynb")
 def test_batching_notebook_rows_are_exact_and_every_batch_size_is_measured():
     checks = checks_of(executed("8_batching_and_speculation.ipynb"))
     assert checks["rows_equal_batch_one"] and checks["row_stats_equal_batch_one"]
@@ -158,6 +173,7 @@ def test_batching_notebook_rows_are_exact_and_every_batch_size_is_measured():
     assert min(checks["verify_steps_by_batch_size"]) > 0
 
 
+@on_its_notebooks_worker("10_beyond_algorithm_2.ipynb")
 def test_beyond_algorithm_2_notebook_proves_each_verifier_and_catches_the_lossy_ones():
     checks = checks_of(executed("10_beyond_algorithm_2.ipynb"))
     assert checks["block_example_token"] == "10/9" and checks["block_example_block"] == "11/9"
