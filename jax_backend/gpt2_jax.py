@@ -1,7 +1,8 @@
 """GPT-2 on JAX: gpt2.py's forward pass run by jax.numpy under jax.jit, the weights on the device.
 
 `JaxGPT2Model` has GPT2Model's interface (`logits(x, n_last)`, jaymody/speculative-sampling's `__call__`,
-`reset`, `n_vocab`, `n_ctx`), so the sampling algorithms use it unchanged. What makes it fast on an accelerator:
+`reset`, `n_vocab`, `n_ctx`, and the token tree's `tree_logits` and `keep_tree_path`), so the sampling
+algorithms and verifiers/ use it unchanged. What makes it fast on an accelerator:
 
 - The weights are copied to the device once. The KV cache lives there too, as static-shape buffers of
   n_ctx positions per layer (gpt2.empty_cache); the jitted step donates them, so XLA updates them in
@@ -93,11 +94,12 @@ def sample_inverse_cdf(probs, uniform):  # [n_vocab], scalar in [0, 1) -> token 
 # Traced arguments: tokens, positions, row offsets and K, so that new values never recompile.
 
 
-def forward(params, cache, tokens, start, n_head):  # [n_seq] -> [n_seq, n_vocab], the new cache
+def forward(params, cache, tokens, start, n_head, positions=None, mask=None):  # [n_seq] -> [n_seq, n_vocab], cache
     """gpt2.gpt2_with_cache, its matmuls at full precision: XLA would use TF32 (a 10-bit mantissa) for
     float32 on NVIDIA GPUs. Memory-bound decoding loses nothing by it."""
     with jax.default_matmul_precision("highest"):
-        return gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start)
+        return gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start, positions=positions,
+                                    mask=mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +149,23 @@ def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head,
     return drafted.at[n_draft - 1].set(token), drafted_probs.at[n_draft - 1].set(probs), cache
 
 
+@functools.partial(jax.jit, static_argnames=("n_head",), donate_argnames=("cache",))
+def feed_tree(params, cache, tokens, positions, mask, start, n_head):
+    """Feed a padded block of a prefix's tokens and a token tree's nodes at slots start.., with the nodes'
+    positions and a mask over the whole cache buffer: -> logits [len(tokens), n_vocab] float32, the cache."""
+    TRACES["feed_tree"] += 1
+    logits, cache = forward(params, cache, tokens, start, n_head, positions, mask)
+    return logits.astype(jnp.float32), cache
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def move_cache_slots(cache, sources, destinations):
+    """Every layer's keys and values at slots `sources` copied to slots `destinations` (all read before any write)."""
+    TRACES["move_cache_slots"] += 1
+    return [(keys.at[:, destinations].set(keys[:, sources]), values.at[:, destinations].set(values[:, sources]))
+            for keys, values in cache]
+
+
 # ------------------------------------------------------------------------------------------ the model
 
 
@@ -170,6 +189,7 @@ class JaxGPT2Model:
         """Forget everything cached (start a new sequence)."""
         self.cache = gpt2.empty_cache(self.hparams, xp=jnp, dtype=COMPUTE_DTYPES[self.dtype])
         self.cached_tokens = np.zeros(0, dtype=np.int64)
+        self.tree = None  # (x, tokens, parents) of the last tree_logits call, until keep_tree_path
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab], float32 NumPy
         x = self._check_tokens(x)
@@ -208,6 +228,48 @@ class JaxGPT2Model:
         drafted = np.asarray(drafted)[:n_draft].astype(np.int64)
         self.cached_tokens = np.concatenate([x, drafted[:-1]])
         return drafted, np.asarray(probs)[:n_draft]
+
+    def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab], float32 NumPy
+        """gpt2.GPT2Model.tree_logits in one device call: the logits after x (row 0) and after x followed by each
+        node's path (row 1 + i). What the cache lacks of x and the n nodes are fed as one padded block (a bucket,
+        as in _feed) with gpt2.tree_mask's rule; the nodes' keys and values wait in the slots after x."""
+        x = self._check_tokens(x)
+        tokens, parents = gpt2.check_tree(tokens, parents, self.n_vocab)
+        if len(x) + len(tokens) > self.n_ctx:
+            raise ValueError(f"a tree of {len(tokens)} nodes after {len(x)} tokens exceeds the model's context "
+                             f"of {self.n_ctx}")
+        resume = min(gpt2.common_prefix_length(self.cached_tokens, x), len(x) - 1)  # x's last token is fed again
+        bucket = bucket_size(len(x) - resume + len(tokens), self.n_ctx)
+        start = min(resume, self.n_ctx - bucket)  # near the end of the context the block begins earlier
+        depths, sees = gpt2.tree_ancestry(parents)
+        n_fed, n_real = len(x) - start, len(x) - start + len(tokens)  # the prefix's tokens fed, then the nodes
+        block, positions = np.zeros(bucket, dtype=np.int32), np.zeros(bucket, dtype=np.int32)
+        block[:n_real] = np.concatenate([x[start:], tokens])
+        positions[:n_real] = np.concatenate([np.arange(start, len(x)), len(x) - 1 + depths])  # the nodes' by depth
+        mask = np.full((bucket, self.n_ctx), gpt2.MASKED, dtype=np.float32)
+        mask[:n_real, :len(x) + len(tokens)] = gpt2.tree_mask(start, len(x), sees)
+        mask[n_real:, 0] = 0.0  # a padding row sees the first position (its output is dropped)
+        logits, self.cache = feed_tree(self.params, self.cache, block, positions, mask, np.int32(start),
+                                       n_head=self.n_head)
+        self.cached_tokens = x  # the slots past x hold the tree: scratch until keep_tree_path
+        self.tree = (x, tokens, parents)
+        return np.asarray(logits)[n_fed - 1:n_real]
+
+    def keep_tree_path(self, nodes):
+        """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x;
+        its nodes' keys and values move to their depths' slots in one device call."""
+        if self.tree is None or self.tree[0] is not self.cached_tokens:
+            raise ValueError("keep_tree_path must follow a tree_logits call, with no other call between them")
+        x, tokens, parents = self.tree
+        nodes = gpt2.check_tree_path(nodes, parents)
+        self.tree = None
+        if len(nodes):
+            n_moves = bucket_size(len(nodes), self.n_ctx)  # padded with the last move again: the same write
+            sources = np.full(n_moves, len(x) + nodes[-1], dtype=np.int32)
+            destinations = np.full(n_moves, len(x) + len(nodes) - 1, dtype=np.int32)
+            sources[:len(nodes)], destinations[:len(nodes)] = len(x) + nodes, len(x) + np.arange(len(nodes))
+            self.cache = move_cache_slots(self.cache, sources, destinations)
+        self.cached_tokens = np.concatenate([x, tokens[nodes]])
 
     def _feed(self, x, n_last):
         """Feed what the cache lacks of x (rolling back to the longest cached prefix, keeping n_last to feed).

@@ -179,11 +179,18 @@ def test_the_verifier_flags_on_the_command_line(models_dir):
     assert output["autoregressive"]["tokens_per_target_call"] == 1.0
 
 
-def test_a_verifier_on_the_jax_backend_runs_the_host_loop_on_jax_models(models_dir, capsys):
+def test_a_verifier_on_the_jax_backend_runs_the_host_loop_on_jax_models(models_dir, capsys, monkeypatch):
     pytest.importorskip("jax")
+    from jax_backend import gpt2_jax
+
+    trees = []  # the target scores each loop's tree in one device call, as GPT2Model does
+    tree_logits = gpt2_jax.JaxGPT2Model.tree_logits
+    monkeypatch.setattr(gpt2_jax.JaxGPT2Model, "tree_logits",
+                        lambda self, *args: trees.append(args) or tree_logits(self, *args))
     result = main.main(prompt=PROMPT, draft_model_size="draft", target_model_size="target", models_dir=str(models_dir),
                        n_tokens_to_generate=6, K=2, temperature=0, repeats=1, json=True, backend="jax",
                        verifier="tree")
     err = capsys.readouterr().err
     assert "note: --verifier tree runs its loop on the host" in err
     assert result["speculative"]["new_tokens"] == result["autoregressive"]["new_tokens"]
+    assert trees and len(trees) == result["speculative"]["target_calls"] * 2  # an untimed run, then the timed one

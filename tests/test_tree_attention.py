@@ -76,7 +76,7 @@ def check_tree_then_path(model, reference, fresh_model, x, tokens, parents, path
     kept = np.concatenate([x, tokens[path]])
     fresh = fresh_model()
     fresh.logits(kept)
-    if model.use_cache:
+    if getattr(model, "use_cache", True):  # JaxGPT2Model always caches
         assert np.array_equal(model.cached_tokens, kept)
         for (keys, values), (fresh_keys, fresh_values) in zip(model.cache, fresh.cache):
             np.testing.assert_allclose(keys[:, :len(kept)], fresh_keys[:, :len(kept)], **TOLERANCE)
@@ -259,3 +259,32 @@ def test_tree_bench_smoke_run_on_a_tiny_model():
         for name in ("decode_ms", "chain_ms", "tree_ms", "keep_ms", "tree_over_chain", "chain_over_decode"):
             assert 0 < row[name]["min"] <= row[name]["median"] <= row[name]["max"]
     assert set(result["bar"]) == {"tree_over_chain<=1.1"}
+
+
+# ---------------------------------------------------------------------------------------------- JAX
+
+
+def test_the_jax_model_scores_a_tree_in_one_call_as_gpt2model_does(tiny):
+    """JaxGPT2Model.tree_logits and keep_tree_path: one padded device call each, the same contract, and a
+    compilation per bucket, not per tree (the random trees need at most the buckets 1..32)."""
+    pytest.importorskip("jax")
+    from jax_backend import gpt2_jax
+
+    params, _, reference = tiny
+    model = gpt2_jax.JaxGPT2Model(params, TINY)
+    fresh_model = lambda: gpt2_jax.JaxGPT2Model(params, TINY)
+    traces = gpt2_jax.TRACES["feed_tree"]
+    rng = np.random.default_rng(6)
+    for case in range(14):
+        n_prefix = 20 if case < 2 else int(rng.integers(1, 10))  # the first two end near the context's end
+        x, tokens, parents, path = random_case(rng, TINY["n_vocab"], n_prefix)
+        if case < 2:  # x cached whole: the block of x's last token and the nodes must begin earlier to fit
+            model.logits(x)
+        elif rng.random() < 0.5:  # the cache holds part of x, or a sequence that diverges from it
+            model.logits(np.concatenate([x[:rng.integers(1, len(x) + 1)], rng.integers(0, TINY["n_vocab"], 2)]))
+        tokens, parents = tokens[:TINY["n_ctx"] - len(x)], parents[:TINY["n_ctx"] - len(x)]
+        path = [node for node in path if node < len(tokens)]
+        check_tree_then_path(model, reference, fresh_model, x, tokens, parents, path, rng)
+    assert gpt2_jax.TRACES["feed_tree"] - traces <= 6
+    with pytest.raises(ValueError, match="must follow a tree_logits call"):
+        model.keep_tree_path([])
