@@ -22,13 +22,16 @@ shapes. Parts (`--parts`, comma-separated; all by default):
 - pair: speculative against autoregressive sampling on the bundled pair (models/teach-*), if present,
   with the host's loops and with the device loops.
 - hf: transformers' generate (torch, CUDA) on the same device and shapes, float32.
+- tree: a token tree of 16, 32 and 64 nodes scored by the 1558M target in one call (JaxGPT2Model.tree_logits),
+  against a chain of as many tokens and a decode step, with bench/tree.py's measurement; last, as it serves
+  no bar.
 
     python bench/gpu.py [--small] [--parts decode,verify] [--n_tokens 64] [--repeats 3] [--budget_s S --out F]
 
 The parts run in order of priority (bandwidth; decode and verification in float32; the device loop; the same
-in bfloat16; the host's loop; the pair; transformers), each only if it still fits --budget_s (bench/budget.py:
-a part expected to overrun is skipped and listed under "skipped"), and --out is rewritten after every part,
-so a run stopped at its time limit keeps what it measured. On a lent GPU, first thing:
+in bfloat16; the host's loop; the pair; transformers; the token tree), each only if it still fits --budget_s
+(bench/budget.py: a part expected to overrun is skipped and listed under "skipped"), and --out is rewritten
+after every part, so a run stopped at its time limit keeps what it measured. On a lent GPU, first thing:
 
     python bench/gpu.py --budget_s 330 --out $OUT/gpu.json
 
@@ -62,11 +65,12 @@ SHAPES = {"124M": dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer
           "1558M": dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48)}
 SMALL_SHAPES = {"124M": dict(n_vocab=512, n_ctx=128, n_embd=64, n_head=4, n_layer=2),
                 "1558M": dict(n_vocab=512, n_ctx=128, n_embd=128, n_head=4, n_layer=4)}
-PARTS = ("bandwidth", "decode", "verify", "loop", "device_loop", "pair", "hf")
+PARTS = ("bandwidth", "decode", "verify", "loop", "device_loop", "pair", "hf", "tree")
 DTYPES = ("float32", "bfloat16")
 VERIFIED = (1, 5, 8)  # tokens scored in one call: v(5) and v(8) are their cost over one
 KS = (1, 2, 3, 4, 5, 6, 7)  # K + 1 <= 8 keeps the target's verification in three programs (2, 4, 8 tokens)
 ACCEPTANCE_RATES = (0.6, 0.8)
+TREE_SIZES, SMALL_TREE_SIZES = (16, 32, 64), (4, 8)  # nodes of a token tree (and tokens of the chain beside it)
 HF_H100_MS = {"124M": 6.1, "1558M": 18.8}  # transformers (torch, float32) on one H100, November 2026, when not measured
 
 
@@ -331,6 +335,42 @@ def timed_median(fn, repeats):
     return statistics.median(timed(fn)[1] for _ in range(repeats))
 
 
+# ---------------------------------------------------------------------------------------- token trees
+
+
+class KeepBlocks:
+    """A JaxGPT2Model whose keep_tree_path waits for the device, so that bench/tree.py times its work, not its
+    dispatch (logits and tree_logits wait already: they bring their rows back)."""
+
+    def __init__(self, model):
+        self.model, self.n_vocab = model, model.n_vocab
+
+    def logits(self, x, n_last=1):
+        return self.model.logits(x, n_last)
+
+    def tree_logits(self, x, tokens, parents):
+        return self.model.tree_logits(x, tokens, parents)
+
+    def keep_tree_path(self, nodes):
+        self.model.keep_tree_path(nodes)
+        jax.block_until_ready(self.model.cache)
+
+
+def tree_report(model, prompt, sizes, repeats):
+    """bench/tree.py's measurement on the device: a token tree of n nodes (three chains from the root) scored by
+    JaxGPT2Model.tree_logits in one call, against a chain of n tokens and a decode step after the same prefix."""
+    from bench import tree
+
+    model.reset()
+    model.logits(prompt)  # cached once: every timed call feeds the prompt's last token and what is new
+    rng = np.random.default_rng(0)
+    rows = [tree.row(n, *tree.measure(KeepBlocks(model), prompt, n, repeats, rng)) for n in sizes]
+    model.reset()
+    return {"by_n": rows, "statistic": f"median (min, max) over {repeats} repeats in rotated order after a warm-up "
+                                       f"(bench/tree.py's measure); the tree's and chain's n + 1 rows padded to "
+                                       f"the bucket the model compiles"}
+
+
 # ---------------------------------------------------------------------------------- the bundled pair
 
 
@@ -491,6 +531,10 @@ def main():
     elif "hf" in args.parts:
         why = result["has"].get("torch_missing") or "torch sees no CUDA device"
         result["skipped"]["hf"] = f"transformers is timed on CUDA only: {why}"
+    run("tree", "1558M_float32", "tree", lambda: tree_report(model("1558M", "float32"), prompt,
+                                                             SMALL_TREE_SIZES if args.small else TREE_SIZES,
+                                                             args.repeats))
+    models.clear()
     result["targets"] = targets(result, args.small)
     write_json_atomically(args.out, result)
     print(json.dumps(result))

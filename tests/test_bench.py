@@ -135,6 +135,8 @@ def test_gpu_bench_smoke_run_on_the_cpu(tmp_path):
     runs = [run for key, run in result["pair"]["bundled"].items() if key.startswith("K")]
     assert len(runs) == 8 and sum(key.endswith("_device_loop") for key in result["pair"]["bundled"]) == 4
     assert all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
+    trees = result["tree"]["1558M_float32"]["by_n"]  # scored in one call (JaxGPT2Model.tree_logits)
+    assert [row["n"] for row in trees] == [4, 8] and all(row["tree_over_chain"]["median"] > 0 for row in trees)
     assert {"device_loop_speedup_a0.8>=1.6", "v5_1558M<=1.15", "roofline_fraction_device_loop>=0.6",
             "bundled_pair_device_loop_best_speedup"} <= set(result["targets"])
     if result["device"]["platform"] == "cpu" and not result["has"]["torch_cuda"]:

@@ -58,7 +58,7 @@ def test_a_run_over_budget_skips_every_part_says_so_and_still_writes_its_file(tm
     assert result == json.loads(completed.stdout.strip().splitlines()[-1])
     assert not {"bandwidth", "decode", "verify", "device_loop", "loop", "pair"} & set(result)
     assert {"bandwidth copy", "decode 1558M_float32", "verify 124M_bfloat16", "device_loop 124M_to_1558M_float32",
-            "loop 124M_to_1558M_float32", "pair bundled"} <= set(result["skipped"])
+            "loop 124M_to_1558M_float32", "pair bundled", "tree 1558M_float32"} <= set(result["skipped"])
     assert all("over the time budget" in why for key, why in result["skipped"].items() if key != "hf")
     assert result["has"]["jax_platform"] and result["targets"] == {"skipped": "the decode part did not run"}
     bad = subprocess.run([*command[:3], "--budget_s", "0"], capture_output=True, text=True, timeout=300, cwd=REPO)
