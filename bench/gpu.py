@@ -1,7 +1,7 @@
 """The JAX backend on an accelerator: decode latency against the memory roofline, verification cost,
 speculative loop time against K, and transformers on the same device.
 
-Written for one H100; `--small` runs tiny shapes on any device (a CPU smoke check).
+Written for one H100; `--small` runs tiny shapes and fewer K on any device (a CPU smoke check).
 Random weights at GPT-2's scale (normal, std 0.02) are drawn on the device, in GPT-2 124M's and 1558M's
 shapes. Parts (`--parts`, comma-separated; all by default):
 
@@ -69,6 +69,8 @@ PARTS = ("bandwidth", "decode", "verify", "loop", "device_loop", "pair", "hf", "
 DTYPES = ("float32", "bfloat16")
 VERIFIED = (1, 5, 8)  # tokens scored in one call: v(5) and v(8) are their cost over one
 KS = (1, 2, 3, 4, 5, 6, 7)  # K + 1 <= 8 keeps the target's verification in three programs (2, 4, 8 tokens)
+PAIR_KS = (2, 4)
+SMALL_KS, SMALL_PAIR_KS = (1, 2, 4), (2,)  # --small: fewer programs to compile, every part still run
 ACCEPTANCE_RATES = (0.6, 0.8)
 TREE_SIZES, SMALL_TREE_SIZES = (16, 32, 64), (4, 8)  # nodes of a token tree (and tokens of the chain beside it)
 HF_H100_MS = {"124M": 6.1, "1558M": 18.8}  # transformers (torch, float32) on one H100, November 2026, when not measured
@@ -90,6 +92,7 @@ def parse_args():
     parser.add_argument("--out", help="also write the result here, after every part (atomically)")
     args = parser.parse_args()
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    args.Ks, args.pair_Ks = (SMALL_KS, SMALL_PAIR_KS) if args.small else (KS, PAIR_KS)
     unknown = set(args.parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}: choose among {', '.join(PARTS)}")
@@ -283,7 +286,7 @@ def loop_report(draft, target, prompt, args, rng):
     target_step = statistics.median(greedy_decode_seconds(target, prompt, args.n_tokens))
     draft_step = statistics.median(greedy_decode_seconds(draft, prompt, args.n_tokens))
     rows = []
-    for K in KS:
+    for K in args.Ks:
         fused = loop_seconds(draft, target, prompt, K, args.loops, rng)
         unfused = loop_seconds(draft, target, prompt, K, args.loops, rng, fused=False)
         draft_seconds = timed_median(lambda: draft.draft(prompt, K, rng.random(K)), args.loops)
@@ -309,7 +312,7 @@ def device_loop_report(draft, target, prompt, args):
     """
     autoregressive_step = device_loop_ms_per_token(target, prompt, args.n_tokens, args.repeats)
     rows = []
-    for K in KS:
+    for K in args.Ks:
         def decode(stats):
             draft.reset(), target.reset()
             return sampling_jax.speculative_sampling(prompt, draft, target, args.n_tokens, K, rng=0, temperature=0,
@@ -389,7 +392,7 @@ def pair_report(args):
     N = min(args.n_tokens, target_hparams["n_ctx"] - len(prompt))
     report = {"draft": names[0], "target": names[1], "N": N}
     # the host's loops (sampling), then the device loops (sampling_jax), on the same models
-    for module, K, temperature in itertools.product((sampling, sampling_jax), (2, 4), (0.0, 1.0)):
+    for module, K, temperature in itertools.product((sampling, sampling_jax), args.pair_Ks, (0.0, 1.0)):
         def autoregressive():
             target.reset()
             return module.autoregressive_sampling(prompt, target, N, np.random.default_rng(0),

@@ -124,16 +124,16 @@ def test_gpu_bench_smoke_run_on_the_cpu(tmp_path):
     assert all(entry["ms_per_token"] > 0 and entry["roofline_ms"] > 0 for entry in result["decode"].values())
     assert all(entry["ratio_5_to_1"] > 0 and entry["ratio_8_to_1"] > 0 and entry["device_ratio_8_to_1"] > 0
                for entry in result["verify"].values())
-    assert [row["K"] for row in result["loop"]["124M_to_1558M_float32"]["by_K"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert [row["K"] for row in result["loop"]["124M_to_1558M_float32"]["by_K"]] == [1, 2, 4]  # --small's Ks
     # the device loops (sampling_jax): decode against the roofline, the speculative loop against K, the pair
     assert all(entry["device_loop_ms_per_token"] > 0 and entry["roofline_fraction_device_loop"] > 0
                for entry in result["decode"].values())
     device_loop = result["device_loop"]["124M_to_1558M_float32"]
-    assert [row["K"] for row in device_loop["by_K"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert [row["K"] for row in device_loop["by_K"]] == [1, 2, 4]
     assert all(row["loop_ms"] > 0 and row["loops"] >= 1 and 0 < row["speedup_a0.6"] < row["speedup_a0.8"]
                for row in device_loop["by_K"])
     runs = [run for key, run in result["pair"]["bundled"].items() if key.startswith("K")]
-    assert len(runs) == 8 and sum(key.endswith("_device_loop") for key in result["pair"]["bundled"]) == 4
+    assert len(runs) == 4 and sum(key.endswith("_device_loop") for key in result["pair"]["bundled"]) == 2  # K 2, T 0 and 1
     assert all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
     trees = result["tree"]["1558M_float32"]["by_n"]  # scored in one call (JaxGPT2Model.tree_logits)
     assert [row["n"] for row in trees] == [4, 8] and all(row["tree_over_chain"]["median"] > 0 for row in trees)
