@@ -92,7 +92,8 @@ def parse_args():
     parser.add_argument("--out", help="also write the result here, after every part (atomically)")
     args = parser.parse_args()
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
-    args.Ks, args.pair_Ks = (SMALL_KS, SMALL_PAIR_KS) if args.small else (KS, PAIR_KS)
+    args.Ks, args.pair_Ks, args.tree_sizes = ((SMALL_KS, SMALL_PAIR_KS, SMALL_TREE_SIZES) if args.small
+                                              else (KS, PAIR_KS, TREE_SIZES))
     unknown = set(args.parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}: choose among {', '.join(PARTS)}")
@@ -534,9 +535,8 @@ def main():
     elif "hf" in args.parts:
         why = result["has"].get("torch_missing") or "torch sees no CUDA device"
         result["skipped"]["hf"] = f"transformers is timed on CUDA only: {why}"
-    run("tree", "1558M_float32", "tree", lambda: tree_report(model("1558M", "float32"), prompt,
-                                                             SMALL_TREE_SIZES if args.small else TREE_SIZES,
-                                                             args.repeats))
+    run("tree", "1558M_float32", "tree",
+        lambda: tree_report(model("1558M", "float32"), prompt, args.tree_sizes, args.repeats))
     models.clear()
     result["targets"] = targets(result, args.small)
     write_json_atomically(args.out, result)

@@ -27,7 +27,8 @@ MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up t
 #   judged draft, so that the run's own evidence takes over at once;
 PRIOR_ACCEPTED, PRIOR_REJECTED = 0.8, 0.2
 # - how much the evidence still counts after each token generated since: acceptance can change along a text
-#   (a repeated line, boilerplate; notebook 3's acceptance strip tests for runs), and while the loops are plain steps, which judge nothing, the evidence fades
+#   (a repeated line, boilerplate; notebook 3's acceptance strip tests for runs), and while the loops are plain
+#   steps, which judge nothing, the evidence fades
 #   (by half in 23 tokens) and alpha grows uncertain again, so that a draft is tried anew (memory per judged draft
 #   instead would leave a run that stopped drafting stopped for good);
 MEMORY = 0.97

@@ -133,7 +133,8 @@ def test_gpu_bench_smoke_run_on_the_cpu(tmp_path):
     assert all(row["loop_ms"] > 0 and row["loops"] >= 1 and 0 < row["speedup_a0.6"] < row["speedup_a0.8"]
                for row in device_loop["by_K"])
     runs = [run for key, run in result["pair"]["bundled"].items() if key.startswith("K")]
-    assert len(runs) == 4 and sum(key.endswith("_device_loop") for key in result["pair"]["bundled"]) == 2  # K 2, T 0 and 1
+    # --small's pair: K 2 at temperatures 0 and 1, with the host's loops and the device loops
+    assert len(runs) == 4 and sum(key.endswith("_device_loop") for key in result["pair"]["bundled"]) == 2
     assert all(0 <= run["acceptance_rate"] <= 1 and run["speedup"] > 0 for run in runs)
     trees = result["tree"]["1558M_float32"]["by_n"]  # scored in one call (JaxGPT2Model.tree_logits)
     assert [row["n"] for row in trees] == [4, 8] and all(row["tree_over_chain"]["median"] > 0 for row in trees)
