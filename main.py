@@ -34,7 +34,7 @@ import utils
 from cli import flags, runs
 from cli.flags import DECODERS
 from cli.report import coloured_text, print_batch_report, print_report, wants_colour
-from jax_backend import backends
+from cli import backends
 from speedup import costs, drafts
 
 # The bundled pair's first run: a function it writes with accepted stretches and corrections, where prompts

@@ -8,7 +8,7 @@ reference's entry point. `model_size` names a folder under models_dir holding ei
 - a Hugging Face GPT-2: model.safetensors and config.json, with encoder.json and vocab.bpe beside them.
 
 OpenAI's four sizes (124M, 355M, 774M, 1558M) are downloaded from OPENAI_BASE_URL when missing.
-Checkpoints are read without TensorFlow or torch (engine/tf_checkpoint.py, and the safetensors reader
+Checkpoints are read without TensorFlow or torch (checkpoints/tf_checkpoint.py, and the safetensors reader
 below); `params` nests like the checkpoint (gpt2.py's layout), float32, conv1d weights 2-D.
 
 Errors, all with a message fit to show a user as it is (the CLI prints it and exits):
@@ -23,7 +23,6 @@ Errors, all with a message fit to show a user as it is (the CLI prints it and ex
 
 import http.client
 import json
-import math
 import os
 import re
 import urllib.error
@@ -33,7 +32,9 @@ import numpy as np
 from tqdm import tqdm
 
 from encoder import get_encoder_from_dir
-from engine.tf_checkpoint import CheckpointError, TFCheckpoint, replace_when_done, write_tf_checkpoint
+from checkpoints.atomic import replace_when_done
+from checkpoints.safetensors_file import SafetensorsFile
+from checkpoints.tf_checkpoint import CheckpointError, TFCheckpoint, write_tf_checkpoint
 
 OPENAI_MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 OPENAI_BASE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/models"
@@ -297,62 +298,3 @@ def save_gpt2_checkpoint(params, hparams, model_dir, dtype=np.float32):
         f.write(b'model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n')
     with replace_when_done(os.path.join(model_dir, "hparams.json")) as f:
         f.write(json.dumps(check_hparams(hparams, "hparams"), indent=2).encode() + b"\n")
-
-
-# ---------------------------------------------------------------- safetensors
-
-SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}  # BF16: raw bits
-MAX_SAFETENSORS_HEADER = 100 << 20
-
-
-class SafetensorsFile:
-    """The tensors of a .safetensors file: `shapes` lists them, `read(name)` loads one as float32.
-
-    Layout: an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
-    data_offsets: [begin, end]}} (plus an optional "__metadata__"), then the tensors' bytes.
-    """
-
-    def __init__(self, path):
-        self.path = str(path)
-        with open(self.path, "rb") as f:
-            self.file_size = os.fstat(f.fileno()).st_size
-            header_size = int.from_bytes(f.read(8), "little")
-            if self.file_size < 8 or header_size > min(MAX_SAFETENSORS_HEADER, self.file_size - 8):
-                raise CheckpointError(f"{self.path}: truncated or not a safetensors file")
-            try:
-                header = json.loads(f.read(header_size))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise CheckpointError(f"{self.path}: the safetensors header is not valid JSON ({error})") from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{self.path}: the safetensors header is not a JSON object")
-        self.data_start = 8 + header_size
-        header.pop("__metadata__", None)
-        self.entries = {name: self._check_entry(name, entry) for name, entry in header.items()}
-        self.shapes = {name: tuple(entry["shape"]) for name, entry in self.entries.items()}
-
-    def _check_entry(self, name, entry):
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            if not all(isinstance(size, int) and size >= 0 for size in shape) or not 0 <= begin <= end:
-                raise ValueError
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{self.path}: malformed header entry for {name!r}") from None
-        if dtype in SAFETENSORS_DTYPES and end - begin != math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize:
-            raise CheckpointError(f"{self.path}: tensor {name!r} of shape {shape} spans bytes {begin}..{end}")
-        if self.data_start + end > self.file_size:
-            raise CheckpointError(f"{self.path}: truncated (tensor {name!r} ends past the end of the file)")
-        return {"dtype": dtype, "shape": shape, "begin": begin}
-
-    def read(self, name):
-        entry = self.entries[name]
-        if entry["dtype"] not in SAFETENSORS_DTYPES:  # checked here: unused buffers may have other types
-            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {entry['dtype']}; "
-                                  f"supported: {', '.join(SAFETENSORS_DTYPES)}")
-        array = np.empty(entry["shape"], SAFETENSORS_DTYPES[entry["dtype"]])
-        with open(self.path, "rb") as f:
-            f.seek(self.data_start + entry["begin"])
-            if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != array.nbytes:
-                raise CheckpointError(f"{self.path}: truncated while reading {name!r}")
-        if array.dtype == np.dtype("<u2"):  # bfloat16 is the top half of a float32
-            return (array.astype(np.uint32) << 16).view(np.float32)
-        return array.astype(np.float32, copy=False)

@@ -24,17 +24,15 @@ import argparse
 import itertools
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
-import utils  # noqa: E402
-from bench.pair import held_out_tokens  # noqa: E402
-from speedup import costs  # noqa: E402
+import gpt2
+import sampling
+import utils
+from bench.pair import held_out_tokens
+from speedup import costs
 
 FIXED_K = (1, 2, 3, 4, 6, 8)
 SETTINGS = {"memory": (0.96, 0.97, 0.98), "optimism": (0.25, 0.5, 0.75), "prior": ((0.8, 0.2), (1.4, 0.6)),

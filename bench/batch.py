@@ -36,18 +36,16 @@ import os
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
-import utils  # noqa: E402
-from bench.machine import blas_info, cpu_model  # noqa: E402
-from engine import gpt2_batched, sampling_batched  # noqa: E402
+import gpt2
+import sampling
+import utils
+from bench.machine import blas_info, cpu_model
+from batching import gpt2_batched, sampling_batched
 
 ACCEPTANCE_RATES = (0.6, 0.8)  # where the jax backend's random pair gives no alpha of its own
 # --small: one and two layers, which compile in seconds on a CPU (bench/gpu.py's small shapes take a minute here)

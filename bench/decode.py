@@ -28,18 +28,16 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import utils  # noqa: E402
-from bench.machine import blas_info, cpu_flags, cpu_model  # noqa: E402
-from engine import layouts  # noqa: E402
-from engine.threads import THREADS, usable_cores  # noqa: E402
+import gpt2
+import utils
+from bench.machine import blas_info, cpu_flags, cpu_model
+from engine import layouts
+from engine.threads import THREADS, usable_cores
 
 HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 

@@ -52,14 +52,13 @@ from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave device memory for torch's turn
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sampling  # noqa: E402
-from bench.budget import Budget, write_json_atomically  # noqa: E402
-from jax_backend import gpt2_jax, sampling_jax  # noqa: E402
+import sampling
+from bench.budget import Budget, write_json_atomically
+from jax_backend import gpt2_jax, sampling_jax
 
 SHAPES = {"124M": dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
           "1558M": dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48)}

@@ -27,18 +27,16 @@ import argparse
 import ast
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
-import utils  # noqa: E402
-from bench.machine import blas_info, cpu_model  # noqa: E402
-from speedup import costs, drafts  # noqa: E402
+import gpt2
+import sampling
+import utils
+from bench.machine import blas_info, cpu_model
+from speedup import costs, drafts
 
 
 def parse_args(argv=None):

@@ -34,14 +34,13 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-import gpt2  # noqa: E402
-from bench.decode import params_nbytes  # noqa: E402
-from bench.machine import blas_info, cpu_model  # noqa: E402
-from engine import layouts  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
-from engine.threads import THREADS, usable_cores  # noqa: E402
-from speedup import costs  # noqa: E402
+import gpt2
+from bench.decode import params_nbytes
+from bench.machine import blas_info, cpu_model
+from engine import layouts
+from checkpoints.atomic import write_atomically
+from engine.threads import THREADS, usable_cores
+from speedup import costs
 
 SHAPES = {"124M": (768, 12, 12), "355M": (1024, 24, 16), "774M": (1280, 36, 20), "1558M": (1600, 48, 25)}
 PREFIX = 64  # tokens cached before the costs are measured

@@ -36,10 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
-from jax_backend import backends  # noqa: E402
+import gpt2
+import sampling
+from cli import backends
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 

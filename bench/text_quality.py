@@ -20,17 +20,15 @@ Prints one JSON object as its last line.
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
-import utils  # noqa: E402
-from encoder import EOT  # noqa: E402
+import gpt2
+import sampling
+import utils
+from encoder import EOT
 
 
 def total_nats(tokens, params, hparams):

@@ -16,16 +16,13 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
-from bench.machine import cpu_model  # noqa: E402
+from bench.machine import cpu_model
 
 TRANSPARENT_HUGEPAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

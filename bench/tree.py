@@ -24,15 +24,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-from bench.machine import blas_info, cpu_model  # noqa: E402
+import gpt2
+from bench.machine import blas_info, cpu_model
 
 HPARAMS_124M = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 HPARAMS_SMALL = dict(n_vocab=97, n_ctx=128, n_embd=32, n_head=4, n_layer=2)

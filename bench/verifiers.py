@@ -28,21 +28,18 @@ import functools
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-import sampling  # noqa: E402
-import utils  # noqa: E402
-from bench.machine import blas_info, cpu_model  # noqa: E402
-from bench.pair import held_out_tokens, spread  # noqa: E402
-from verifiers.block import block_speculative_sampling  # noqa: E402
-from verifiers.multi_draft import multi_draft_speculative_sampling  # noqa: E402
-from verifiers.tree import tree_speculative_sampling  # noqa: E402
+import gpt2
+import sampling
+import utils
+from bench.machine import blas_info, cpu_model
+from bench.pair import held_out_tokens, spread
+from verifiers.block import block_speculative_sampling
+from verifiers.multi_draft import multi_draft_speculative_sampling
+from verifiers.tree import tree_speculative_sampling
 
 DEFAULT_VERIFIERS = "token,block,multi2,multi3,multi3r,tree3,topk2"
 MAX_TREE_NODES = 64  # a top-k tree grows as N^K: larger ones are left out (2 children to depth 8: 510 nodes)

@@ -16,7 +16,7 @@ import sampling
 import utils
 from encoder import get_encoder
 from engine.threads import THREADS
-from jax_backend import backends
+from cli import backends
 from speedup import drafts
 from verifiers.tree import DRAFTS as TREE_DRAFTS
 

@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 import sampling
 from cli.flags import check_context, encode_prompt
-from engine import sampling_batched
+from batching import sampling_batched
 from engine.threads import THREADS
-from jax_backend import backends
+from cli import backends
 from speedup import costs, drafts
 from verifiers.block import block_speculative_sampling
 from verifiers.multi_draft import multi_draft_speculative_sampling

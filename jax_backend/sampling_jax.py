@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 import sampling
-from engine import sampling_batched
+from batching import sampling_batched
 from jax_backend.gpt2_jax import bucket_size, probabilities, sample_inverse_cdf
 from sampling import greedy_assisted_generation  # noqa: F401  (the host's loop, see above)
 

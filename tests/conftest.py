@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the scripts the tests run (bench/, tools/, main.py) import the kit from this clone, installed or not
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def give_each_xdist_worker_its_own_cores():

@@ -1,4 +1,4 @@
-"""engine/gpt2_batched.py and sampling_batched.py (and sampling_jax's batched loops): several sequences at once,
+"""batching/gpt2_batched.py and sampling_batched.py (and sampling_jax's batched loops): several sequences at once,
 each row decoded exactly as it would be alone.
 
 - The batched model's logits equal gpt2.py's for every row, whatever each row's length, after feeding in
@@ -20,7 +20,7 @@ import pytest
 
 import gpt2
 import sampling
-from engine import gpt2_batched, sampling_batched
+from batching import gpt2_batched, sampling_batched
 from gpt2_cases import random_params
 from test_exactness import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, assert_follows, chi_square_p_value, \
     exact_joint, perturbed, random_target

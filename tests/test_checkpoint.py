@@ -20,8 +20,9 @@ import pytest
 import gpt2
 import utils
 from conftest import REPO
-from engine import tf_checkpoint
-from engine.tf_checkpoint import CheckpointError, TFCheckpoint, crc32c, masked_crc32c, write_tf_checkpoint
+from checkpoints import tf_checkpoint
+from checkpoints.safetensors_file import SafetensorsFile
+from checkpoints.tf_checkpoint import CheckpointError, TFCheckpoint, crc32c, masked_crc32c, write_tf_checkpoint
 
 FIXTURES = REPO / "tests" / "fixtures"
 TINY = {"float32": FIXTURES / "gpt2-tiny-f32", "float16": FIXTURES / "gpt2-tiny-f16"}
@@ -346,7 +347,7 @@ def hf_models(tmp_path_factory):
 def test_safetensors_params_equal_the_torch_state_dict(hf_models, class_name, dtype):
     folder, state, _ = hf_models[class_name, dtype]
     prefix = "transformer." if class_name == "GPT2LMHeadModel" else ""
-    assert (prefix + "wte.weight") in utils.SafetensorsFile(folder / "model.safetensors").shapes
+    assert (prefix + "wte.weight") in SafetensorsFile(folder / "model.safetensors").shapes
     _, hparams, params = utils.load_encoder_hparams_and_params(folder.name, folder.parent)
     assert hparams == {"n_vocab": 260, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 2}
     n_compared = 0

@@ -16,7 +16,7 @@ import utils
 from cli import flags, report, runs
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
-from jax_backend import backends
+from cli import backends
 from test_exactness import perturbed, scaled_params
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]

@@ -15,7 +15,7 @@ import gpt2
 import sampling
 from conftest import REPO  # the repository root
 from gpt2_cases import CONFIGS, full_logits, random_params  # the engine's random configurations
-from jax_backend import backends
+from cli import backends
 
 jax = pytest.importorskip("jax")
 from jax_backend import gpt2_jax  # noqa: E402
@@ -320,7 +320,7 @@ import sys
 sys.modules["jax"] = None  # importing jax now fails, as where it is not installed
 import gpt2, sampling
 import numpy as np
-from jax_backend import backends
+from cli import backends
 hparams = dict(n_vocab=11, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
 params = gpt2.init_params(hparams, np.random.default_rng(0))
 model = backends.make_model(params, hparams)

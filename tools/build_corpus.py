@@ -29,10 +29,9 @@ import sysconfig
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: find encoder.py
-from encoder import EOT  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
-from tools import corpus_packages  # noqa: E402
+from encoder import EOT
+from checkpoints.atomic import write_atomically
+from tools import corpus_packages
 
 DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])

@@ -12,7 +12,7 @@ With --continued N, each step also distils on N of the target's own continuation
 (greedy at --pool_temperature 0). Speculative sampling judges the draft on exactly that text: the prompt
 and what the target wrote after it. Training the draft on it is the on-policy data of Zhou et al. (2023,
 "DistillSpec: Improving Speculative Decoding via Knowledge Distillation"). The target is frozen, so the
-continuations are written once, --pool of them, in batches by engine/sampling_batched.py (or, with
+continuations are written once, --pool of them, in batches by batching/sampling_batched.py (or, with
 --pool_backend jax, by jax_backend's device loop on an accelerator), and kept in --pool_file when one is named.
 """
 
@@ -20,7 +20,6 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -28,13 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpt2  # noqa: E402
-import train_pair  # noqa: E402
-import utils  # noqa: E402
-from encoder import get_encoder_from_dir  # noqa: E402
-from jax_backend import backends  # noqa: E402
+import gpt2
+from tools import train_pair
+import utils
+from encoder import get_encoder_from_dir
+from cli import backends
 
 
 def grow(params, hparams, n_layer, rng):

@@ -31,8 +31,7 @@ from nbclient import NotebookClient
 from PIL import Image  # a dependency of matplotlib
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: find engine/tf_checkpoint.py
-from engine.tf_checkpoint import write_atomically  # noqa: E402
+from checkpoints.atomic import write_atomically
 
 NOTEBOOKS_DIR = REPO / "notebooks"
 SIZE_BUDGET_BYTES = 150_000  # per notebook, outputs included: small enough to read well on the web

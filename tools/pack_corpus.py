@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: find encoder.py
-from encoder import get_encoder_from_dir  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
+from encoder import get_encoder_from_dir
+from checkpoints.atomic import write_atomically
 
 SPLITS = ("train", "heldout")
 VOCABULARY_FILES = ("encoder.json", "vocab.bpe")

@@ -30,9 +30,8 @@ from pathlib import Path
 import regex
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: find encoder.py
-from encoder import EOT, PRETOKENIZE_PATTERN, bytes_to_unicode, merge_pair  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
+from encoder import EOT, PRETOKENIZE_PATTERN, bytes_to_unicode, merge_pair
+from checkpoints.atomic import write_atomically
 
 VOCAB_SIZE = 4096  # 256 bytes + 3839 merges + <|endoftext|>
 INPUT = REPO / "build" / "corpus" / "train.txt"

@@ -29,7 +29,6 @@ import math
 import os
 import pickle
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -37,12 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt2  # noqa: E402
-from encoder import get_encoder_from_dir  # noqa: E402
-from engine.tf_checkpoint import write_atomically  # noqa: E402
-from tools.pack_corpus import load_packed_tokens  # noqa: E402
-import utils  # noqa: E402
+import gpt2
+from encoder import get_encoder_from_dir
+from checkpoints.atomic import write_atomically
+from tools.pack_corpus import load_packed_tokens
+import utils
 
 def load_tokens(corpus_file, encoder, cache_file):
     """The corpus as one array of token ids, each document followed by <|endoftext|>; cached on disk beside

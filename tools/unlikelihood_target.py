@@ -13,7 +13,6 @@ is never penalised. The draft is left as it is: distil it again afterwards (tool
 """
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -21,13 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_pair  # noqa: E402
-import utils  # noqa: E402
-from encoder import get_encoder_from_dir  # noqa: E402
-from engine import gpt2_batched  # noqa: E402
-from jax_backend import backends  # noqa: E402
+from tools import train_pair
+import utils
+from encoder import get_encoder_from_dir
+from batching import gpt2_batched
+from cli import backends
 
 
 def repeated_ngram_mask(tokens, start, n=4):
@@ -69,7 +66,7 @@ def make_step(n_head, alpha):
 
 def greedy_continuations(params, hparams, prompts, n_tokens, backend="numpy"):
     """[len(prompts), prompt length + n_tokens] int32: each prompt (all of one length) continued greedily by the
-    target as it is now, all of them in one batched forward pass a token: on the host (engine/sampling_batched.py,
+    target as it is now, all of them in one batched forward pass a token: on the host (batching/sampling_batched.py,
     the plain layout, as the weights change every step) or, backend "jax", by jax_backend's device loop."""
     if backend == "numpy":
         model = gpt2_batched.BatchedGPT2Model(jax.tree.map(np.asarray, params), hparams, len(prompts), layout="plain")

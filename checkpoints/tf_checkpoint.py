@@ -19,14 +19,14 @@ format, the way TensorFlow's BundleWriter lays it out. Anything truncated, corru
 raises CheckpointError (a ValueError) naming the file.
 """
 
-import contextlib
 import functools
 import math
 import operator
 import os
-import secrets
 
 import numpy as np
+
+from checkpoints.atomic import replace_when_done
 
 
 class CheckpointError(ValueError):
@@ -447,29 +447,3 @@ def write_tf_checkpoint(prefix, tensors):
             offset += len(raw)
     with replace_when_done(f"{prefix}.index") as index_file:
         index_file.write(build_table(index_entries))
-
-
-@contextlib.contextmanager
-def replace_when_done(path):
-    """A binary file, open for writing beside `path`, that becomes `path` only if the with-block completes.
-
-    os.open's mode 0o666 (less the umask) gives the file a plain open()'s permissions, which
-    tempfile's 0o600 would not; fsync puts the bytes on disk before the rename publishes them.
-    """
-    directory, name = os.path.split(os.fspath(path))
-    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)  # only still there when something failed
-
-
-def write_atomically(path, data):
-    """Write bytes to `path` so that no reader ever sees half a file."""
-    with replace_when_done(path) as file:
-        file.write(data)

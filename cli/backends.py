@@ -55,7 +55,7 @@ def make_batched_model(params, hparams, batch_size, backend="numpy", dtype="floa
     """A model for batch_size sequences at once: gpt2_batched.BatchedGPT2Model (NumPy), or the JAX model itself,
     whose batched device loops (sampling_jax) keep one cache per row."""
     if backend == "numpy" and dtype == "float32":
-        from engine import gpt2_batched
+        from batching import gpt2_batched
 
         return gpt2_batched.BatchedGPT2Model(params, hparams, batch_size)
     return make_model(params, hparams, backend, dtype)  # the same checks and messages as for one sequence
@@ -69,6 +69,6 @@ def batched_decoders(target):
 
         return types.SimpleNamespace(autoregressive_sampling=sampling_jax.batched_autoregressive_sampling,
                                      speculative_sampling=sampling_jax.batched_speculative_sampling)
-    from engine import sampling_batched
+    from batching import sampling_batched
 
     return sampling_batched
