@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpt2 import softmax  # one softmax for the model and the sampler
-from speedup.stats import SpeculativeStats, expected_speedup, expected_tokens_per_loop  # noqa: F401 (re-exported)
+from speedup.stats import SpeculativeStats
 
 
 def is_integer(value):
@@ -70,9 +70,7 @@ FLOAT32_BELOW_ONE = 1 - 2**-24  # the largest float32 below 1
 def autoregressive_sampling(x, model, N, rng=None, *, temperature=1.0, top_k=0, top_p=1.0, stats=None,
                             progress=None):
     """Algorithm 1: sample N tokens from the model (the paper's target q), one call per token.
-
-    temperature=1.0 samples from the model's own distribution; main.py's default is 0, greedy.
-    """
+    temperature=1.0 samples from the model's own distribution; main.py's default is 0, greedy."""
     settings = SamplingSettings(temperature, top_k, top_p)
     x, rng, stats, progress = prepare(x, N, [model], rng, stats, progress)
     n = len(x)  # initialise n <- t, the prompt's length
@@ -92,8 +90,7 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
 
     The paper counts t from 1; here t counts from 0, so the paper's drafted token x~_t is
     drafts[t - 1] and its p(x | x_1..x_n, x~_1..x~_{t-1}) is p[t - 1], and likewise for q.
-    temperature=1.0 samples from the models' own distributions; main.py's default is 0, greedy.
-    """
+    temperature=1.0 samples from the models' own distributions; main.py's default is 0, greedy."""
     settings = SamplingSettings(temperature, top_k, top_p)
     check_K(K)
     x, rng, stats, progress = prepare(x, N, [draft_model, target_model], rng, stats, progress)
@@ -115,7 +112,7 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
         for t in range(K_n):
             r = rng.random()  # r ~ U[0, 1]
             token = drafts[t]
-            if r < min(1.0, float(q[t][token]) / float(p[t][token])):  # accept: x_{n+1} <- x~_t
+            if accepts(r, q[t], p[t], token):  # accept: x_{n+1} <- x~_t
                 x = np.append(x, token)
                 n += 1
                 stats.record_tokens("accepted")
@@ -135,10 +132,9 @@ def speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temper
 def greedy_assisted_generation(x, draft_model, target_model, N, K=5, *, stats=None, progress=None):
     """Hugging Face's assisted generation, greedy: exactly the target's greedy tokens, fewer target calls.
 
-    The target scores the draft's K greedy tokens in one call, keeps the longest prefix matching its own
-    greedy choices and adds its own next token. K follows Hugging Face's schedule: from K (5, as there),
-    2 more after a loop that accepted every draft, 1 fewer (never below 1) otherwise.
-    """
+    The target scores the draft's K greedy tokens in one call, keeps the longest prefix matching its own greedy
+    choices and adds its own next token. K follows Hugging Face's schedule: from K (5, as there), 2 more after
+    a loop that accepted every draft, 1 fewer (never below 1) otherwise."""
     check_K(K)
     # draws from one-hot distributions do not depend on the uniform numbers: any generator will do
     x, rng, stats, progress = prepare(x, N, [draft_model, target_model], np.random.default_rng(0), stats, progress)
@@ -212,19 +208,26 @@ def draw_drafts(draft_model, x, K, settings, rng, stats):  # -> drafts [K_n <= K
     (speedup/drafts.py, costs.AutoK) proposes at most K tokens with their p: maybe fewer, or none.
     """
     if hasattr(draft_model, "propose"):
-        return draft_model.propose(x, K, settings, rng, stats)
+        return checked_drafts(*draft_model.propose(x, K, settings, rng, stats))
     if hasattr(draft_model, "draft") and K > 0:
         start = time.perf_counter()
         # the model reads the uniforms as float32, where values this close to 1 would round up to 1
         uniforms = np.minimum(rng.random(K), FLOAT32_BELOW_ONE)
         drafts, p = draft_model.draft(x, K, uniforms, settings.temperature, settings.top_k, settings.top_p)
         stats.record_call("draft", time.perf_counter() - start, steps=K)
-        return np.asarray(drafts, dtype=np.int64), np.asarray(p, dtype=np.float32)
+        return checked_drafts(np.asarray(drafts, dtype=np.int64), np.asarray(p, dtype=np.float32))
     x_draft, p = x, []
     for _ in range(K):
         p.append(timed_probs(draft_model, x_draft, 1, settings, stats, "draft")[0])
         x_draft = np.append(x_draft, sample(p[-1], rng))
     return x_draft[len(x):], p
+
+
+def checked_drafts(drafts, p):  # p(x~) enters q/p: a drafter's must be finite and in (0, 1] (float32 rounding aside)
+    for t, token in enumerate(drafts):
+        if not 0 < float(p[t][token]) <= 1 + 1e-6:  # nan fails this too
+            raise ValueError(f"a draft's p must be finite and in (0, 1] at its token, got {float(p[t][token])}")
+    return drafts, p
 
 
 def timed_probs(model, x, n_last, settings, stats, role):
@@ -291,12 +294,15 @@ def keep_top_p(probs, top_p):  # [..., n] -> [..., n], renormalised over the nuc
     return kept / kept.sum(axis=-1, keepdims=True)
 
 
+def accepts(r, q, p, token):  # the paper's test: keep x~ if r < min(1, q(x~) / p(x~)); strict: r = 0 keeps no q = 0
+    return r < min(1.0, float(q[token]) / float(p[token]))
+
+
 def sample(probs, rng):  # [n_vocab] -> a token id
-    """Draw a token by inverse CDF with one uniform number; a token of probability zero is never drawn: the
-    CDF is summed in float64 and scaled by its total, so float32 rounding cannot make the draw fall off the
-    end, and searchsorted(side="right") returns the first token whose cumulative mass exceeds u.
-    A row with one nonzero entry (temperature 0's one-hot) skips the sum: its CDF has one step, so every u gives
-    that token; the uniform is drawn all the same, so the uniforms after it are those the general case would see."""
+    """Draw a token by inverse CDF with one uniform number, never one of probability zero: the CDF is summed in
+    float64 and scaled by its total, so rounding cannot fall off its end, and searchsorted(side="right") gives the
+    first token whose cumulative mass exceeds u. A one-hot row (temperature 0) has a one-step CDF: it skips the
+    sum, but draws its uniform all the same, so the uniforms after it are those the general case would see."""
     rng = as_generator(rng)
     if np.count_nonzero(probs) == 1:
         rng.random()

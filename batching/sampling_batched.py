@@ -18,7 +18,7 @@ own K_n + 1 positions; finished rows leave the batch and cost nothing. Logits of
 differ from a single row's in the last bits of float32, so a draw that falls within rounding of a
 boundary could differ from the batch-1 run's; the tests compare tokens and counts exactly.
 
-Statistics: a `BatchStats` holds one sampling.SpeculativeStats per row (row i's counters and origins
+Statistics: a `BatchStats` holds one SpeculativeStats (speedup/stats.py) per row (row i's counters and origins
 equal the batch-1 run's; each row's target_calls counts the batched calls it took part in, and the
 seconds of those calls) and the batch's own totals: how many batched calls were made, and their time.
 """
@@ -28,11 +28,12 @@ import time
 import numpy as np
 
 import sampling
-from sampling import SamplingSettings, SpeculativeStats, is_integer, logits_to_probs, max_fn, sample
+from sampling import SamplingSettings, accepts, is_integer, logits_to_probs, max_fn, sample
+from speedup.stats import SpeculativeStats
 
 
 class BatchStats:
-    """Per-row statistics (`rows`, sampling.SpeculativeStats each) and the batch's own calls and time."""
+    """Per-row statistics (`rows`, a SpeculativeStats each) and the batch's own calls and time."""
 
     def __init__(self, batch_size):
         self.rows = [SpeculativeStats() for _ in range(batch_size)]
@@ -74,20 +75,6 @@ class BatchStats:
         return {"loops": self.loops, "target_calls": self.target_calls, "draft_calls": self.draft_calls,
                 "target_seconds": self.target_seconds, "draft_seconds": self.draft_seconds, **totals,
                 "acceptance_rate": self.acceptance_rate, "tokens_per_target_call": self.tokens_per_target_call}
-
-
-def sample_rows(probs, rngs):  # [n_rows, n_vocab], n_rows Generators -> [n_rows] token ids
-    """sampling.sample for each row with one uniform from that row's Generator: the same draws, vectorised.
-
-    The CDF is summed in float64 as sample sums it; counting the CDF entries <= u is
-    searchsorted(side="right") row by row.
-    """
-    cdf = probs.cumsum(axis=-1, dtype=np.float64)
-    u = np.array([rng.random() for rng in rngs]) * cdf[:, -1]
-    tokens = (cdf <= u[:, None]).sum(axis=-1)
-    for i in np.flatnonzero(tokens == probs.shape[-1]):  # u rounded up to the total itself
-        tokens[i] = np.flatnonzero(probs[i])[-1]
-    return tokens
 
 
 def timed_probs(model, xs, rows, n_last, settings, stats, role):  # -> [len(rows), max(n_last), n_vocab]
@@ -151,8 +138,8 @@ def autoregressive_sampling(xs, model, N, rngs=None, *, temperature=1.0, top_k=0
     x, T, rngs, stats, progress = prepare_rows(xs, N, [model], rngs, stats, progress)
     while rows := unfinished(x, T):
         q = timed_probs(model, [x[i] for i in rows], rows, 1, settings, stats, "target")[:, 0]  # q(x | x_1..x_n)
-        for i, token in zip(rows, sample_rows(q, [rngs[i] for i in rows])):  # sample x_{n+1} ~ q, row by row
-            x[i] = np.append(x[i], token)
+        for i, q_row in zip(rows, q):
+            x[i] = np.append(x[i], sample(q_row, rngs[i]))  # sample x_{n+1} ~ q(x | x_1..x_n), each row with its rng
             stats.rows[i].record_tokens("target")
         progress(len(rows))
     return x
@@ -199,8 +186,8 @@ def draw_drafts(draft_model, x, rows, K_n, settings, rngs, stats):  # -> drafts 
         drafting = [i for i in rows if K_n[i] > t]
         p_t = timed_probs(draft_model, [extended(x[i], drafts[i]) for i in drafting], drafting, 1, settings, stats,
                           "draft")[:, 0]
-        for i, token, p_row in zip(drafting, sample_rows(p_t, [rngs[i] for i in drafting]), p_t):
-            drafts[i].append(int(token))
+        for i, p_row in zip(drafting, p_t):
+            drafts[i].append(sample(p_row, rngs[i]))
             p[i].append(p_row)
     return drafts, p
 
@@ -217,6 +204,6 @@ def judge(drafts, p, q, rng):  # one row's drafts [K_n], p [K_n, n_vocab], q [K_
     """
     for t, token in enumerate(drafts):
         r = rng.random()  # r ~ U[0, 1]
-        if not r < min(1.0, float(q[t][token]) / float(p[t][token])):  # reject: x_{n+t+1} ~ (q - p)+, stop
+        if not accepts(r, q[t], p[t], token):  # reject: x_{n+t+1} ~ (q - p)+, stop
             return [*drafts[:t], sample(max_fn(q[t] - p[t], fallback=q[t]), rng)], t
     return [*drafts, sample(q[len(drafts)], rng)], len(drafts)  # all accepted: the bonus token

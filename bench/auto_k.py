@@ -33,6 +33,7 @@ import sampling
 import utils
 from bench.pair import held_out_tokens
 from speedup import costs
+from speedup.stats import SpeculativeStats
 
 FIXED_K = (1, 2, 3, 4, 6, 8)
 SETTINGS = {"memory": (0.96, 0.97, 0.98), "optimism": (0.25, 0.5, 0.75), "prior": ((0.8, 0.2), (1.4, 0.6)),
@@ -71,7 +72,7 @@ def replay(accepted, choose, loop_steps, catch_up_steps):
 
     loop_steps(K): a loop of K drafts, in decode steps; catch_up_steps(m): the draft's first step feeding the m
     tokens it missed during plain steps, beyond a step's own price."""
-    n, steps, stats, N, missed = 0, 0.0, sampling.SpeculativeStats(), len(accepted), 0
+    n, steps, stats, N, missed = 0, 0.0, SpeculativeStats(), len(accepted), 0
     while n < N:
         K = min(choose(stats), N - n - 1)
         if K == 0:

@@ -42,10 +42,10 @@ from pathlib import Path
 import numpy as np
 
 import gpt2
-import sampling
 import utils
 from bench.machine import blas_info, cpu_model
 from batching import gpt2_batched, sampling_batched
+from speedup.stats import expected_speedup, expected_tokens_per_loop
 
 ACCEPTANCE_RATES = (0.6, 0.8)  # where the jax backend's random pair gives no alpha of its own
 # --small: one and two layers, which compile in seconds on a CPU (bench/gpu.py's small shapes take a minute here)
@@ -163,7 +163,7 @@ def numpy_report(B, runs, args):
             "tokens_per_loop_per_row": stats.generated / (B * stats.loops),
             "target_step_ms": 1e3 * step, "draft_step_ms": 1e3 * draft_step, "verify_ms": 1e3 * verify,
             "verify_steps": v, "draft_over_target_step": c,
-            "formula_speedup": sampling.expected_speedup(alpha, c, drafts_per_loop, v) if alpha is not None else None}
+            "formula_speedup": expected_speedup(alpha, c, drafts_per_loop, v) if alpha is not None else None}
 
 
 # ------------------------------------------------------------------------------- jax: the device
@@ -208,7 +208,7 @@ def jax_run(args):
             "speculative_tokens_per_s": spread([B * args.n_tokens / s for s in seconds]),
             "speedup": spread([a / s for a, s in zip(ar_seconds, seconds)]), "acceptance_rate": stats.acceptance_rate,
             "loops": stats.loops, "step_ms": 1e3 * step, "loop_ms": 1e3 * loop, "loop_steps": loop / step,
-            **{f"expected_speedup_a{a}": sampling.expected_tokens_per_loop(a, args.K) * step / loop
+            **{f"expected_speedup_a{a}": expected_tokens_per_loop(a, args.K) * step / loop
                for a in ACCEPTANCE_RATES}})
         print(f"B={B:<3} autoregressive {reports[-1]['autoregressive_tokens_per_s']['median']:9.0f} tokens/s, a "
               f"speculative loop {loop / step:.2f} decode steps", flush=True)

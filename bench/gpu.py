@@ -59,6 +59,7 @@ import numpy as np
 import sampling
 from bench.budget import Budget, write_json_atomically
 from jax_backend import gpt2_jax, sampling_jax
+from speedup.stats import SpeculativeStats, expected_speedup, expected_tokens_per_loop
 
 SHAPES = {"124M": dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
           "1558M": dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48)}
@@ -294,9 +295,9 @@ def loop_report(draft, target, prompt, args, rng):
         row = {"K": K, "loop_ms": ms(fused), "loop_ms_unfused_draft": ms(unfused), "fused_draft_ms": ms(draft_seconds),
                "c": round(c, 4)}
         for a in ACCEPTANCE_RATES:
-            row[f"expected_speedup_a{a}"] = round(sampling.expected_speedup(a, c, K), 3)
+            row[f"expected_speedup_a{a}"] = round(expected_speedup(a, c, K), 3)
             row[f"speedup_from_loop_time_a{a}"] = round(
-                sampling.expected_tokens_per_loop(a, K) * target_step / fused, 3)
+                expected_tokens_per_loop(a, K) * target_step / fused, 3)
         rows.append(row)
     return {"target_ms_per_token": ms(target_step), "draft_ms_per_token": ms(draft_step),
             "c_unfused": round(draft_step / target_step, 4), "by_K": rows,
@@ -318,14 +319,14 @@ def device_loop_report(draft, target, prompt, args):
             return sampling_jax.speculative_sampling(prompt, draft, target, args.n_tokens, K, rng=0, temperature=0,
                                                      stats=stats)
 
-        decode(sampling.SpeculativeStats())  # warm-up: compiles
-        stats = sampling.SpeculativeStats()
+        decode(SpeculativeStats())  # warm-up: compiles
+        stats = SpeculativeStats()
         seconds = statistics.median(timed(lambda: decode(stats))[1] for _ in range(args.repeats))
         loops = stats.loops // args.repeats
         row = {"K": K, "loop_ms": ms(seconds / loops), "loops": loops, "ms_per_token": ms(seconds / args.n_tokens),
                "acceptance_rate": None if stats.acceptance_rate is None else round(stats.acceptance_rate, 3)}
         for a in ACCEPTANCE_RATES:
-            row[f"speedup_a{a}"] = round(sampling.expected_tokens_per_loop(a, K) * autoregressive_step
+            row[f"speedup_a{a}"] = round(expected_tokens_per_loop(a, K) * autoregressive_step
                                          / (seconds / loops), 3)
         rows.append(row)
     return {"autoregressive_ms_per_token": ms(autoregressive_step), "by_K": rows,
@@ -404,8 +405,8 @@ def pair_report(args):
                                                temperature=temperature, stats=stats)
 
         autoregressive_s = timed_median(autoregressive, args.repeats)
-        speculative(sampling.SpeculativeStats())  # warm-up
-        stats = sampling.SpeculativeStats()
+        speculative(SpeculativeStats())  # warm-up
+        stats = SpeculativeStats()
         speculative_s = statistics.median(timed(lambda: speculative(stats))[1] for _ in range(args.repeats))
         suffix = "_device_loop" if module is sampling_jax else ""  # the device loop does not time c
         report[f"K{K}_T{temperature}{suffix}"] = {

@@ -37,6 +37,7 @@ import sampling
 import utils
 from bench.machine import blas_info, cpu_model
 from speedup import costs, drafts
+from speedup.stats import SpeculativeStats
 
 
 def parse_args(argv=None):
@@ -119,7 +120,7 @@ def main(argv=None):
                 for decoder in ("autoregressive", "speculative"):
                     draft.reset()
                     target.reset()
-                    stats = sampling.SpeculativeStats()
+                    stats = SpeculativeStats()
                     start = time.perf_counter()
                     if decoder == "autoregressive":
                         out = sampling.autoregressive_sampling(prompt, target, n_new, temperature=0, stats=stats)

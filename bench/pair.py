@@ -39,6 +39,7 @@ import utils
 from bench.machine import blas_info, cpu_model
 from engine import layouts
 from speedup import costs, drafts
+from speedup.stats import SpeculativeStats
 
 AUTO_K_MAX = 12
 
@@ -81,7 +82,7 @@ def spread(values):
 
 def measure_K(K, prompts, draft, target, measured, args):
     """Each prompt's autoregressive and speculative runs, back to back: -> (the row for K, per-prompt rows)."""
-    ar_total, total = sampling.SpeculativeStats(), sampling.SpeculativeStats()
+    ar_total, total = SpeculativeStats(), SpeculativeStats()
     per_prompt, chosen = [], []
     for prompt in prompts:
         runs = {}
@@ -89,7 +90,7 @@ def measure_K(K, prompts, draft, target, measured, args):
         for name in ("autoregressive", "speculative"):
             for model in (speculative_draft, target):
                 model.reset()  # every run starts from empty caches
-            stats = sampling.SpeculativeStats()
+            stats = SpeculativeStats()
             rng = np.random.default_rng(0)
             start = time.perf_counter()
             if name == "autoregressive":

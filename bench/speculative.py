@@ -17,7 +17,7 @@ Every speculative run must reproduce the autoregressive tokens exactly (greedy),
     python bench/speculative.py [--n_tokens 64] [--K 1,2,3,4,5,6,7,8] [--skip_uncached]
     python bench/speculative.py --models_dir models --draft 124M --target 355M
 
-The expected speedup is Leviathan et al.'s formula, sampling.expected_speedup(a, c, K, v), with a the
+The expected speedup is Leviathan et al.'s formula, speedup.stats.expected_speedup(a, c, K, v), with a the
 run's acceptance rate, c its mean draft call over an autoregressive decode step, and v = verify_cost, what a
 target call scoring K + 1 tokens costs in decode steps (1 in the paper's model, expected_speedup_one_step;
 1.2-3 on the CPUs we measured, depending on the CPU, its BLAS kernels and the weight layout, engine/layouts.py).
@@ -39,6 +39,7 @@ import numpy as np
 import gpt2
 import sampling
 from cli import backends
+from speedup.stats import SpeculativeStats
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 
@@ -143,7 +144,7 @@ def measure(draft, target, prompt, n_tokens, Ks, repeats):
         for _ in range(repeats):
             draft.reset()
             target.reset()
-            stats = sampling.SpeculativeStats()
+            stats = SpeculativeStats()
             start = time.perf_counter()
             tokens = decode(stats)
             runs.append((time.perf_counter() - start, tokens, stats))

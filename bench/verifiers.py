@@ -37,6 +37,7 @@ import sampling
 import utils
 from bench.machine import blas_info, cpu_model
 from bench.pair import held_out_tokens, spread
+from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 from verifiers.multi_draft import multi_draft_speculative_sampling
 from verifiers.tree import tree_speculative_sampling
@@ -93,7 +94,7 @@ def parse_args(argv=None):
 def timed_run(decoder, prompt, draft, target, N, K, seed, temperature):  # -> (tokens, seconds, stats)
     for model in (draft, target):
         model.reset()  # every run starts from empty caches
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     start = time.perf_counter()
     if decoder is sampling.autoregressive_sampling:
         out = decoder(prompt, target, N, rng=seed, temperature=temperature, stats=stats)
@@ -107,7 +108,7 @@ def tree_nodes(name, K):  # a top-k tree's size: N + N^2 + ... + N^K nodes; the 
 
 
 def measure(temperature, prompts, draft, target, args):  # -> {(verifier, K): row}
-    runs = {(name, K): {"stats": sampling.SpeculativeStats(), "speedups": []}
+    runs = {(name, K): {"stats": SpeculativeStats(), "speedups": []}
             for name in args.verifiers for K in args.K if tree_nodes(name, K) <= MAX_TREE_NODES}
     for prompt in prompts:
         for seed in range(args.seeds):

@@ -16,6 +16,7 @@ import numpy as np
 
 import sampling
 from classroom import bug_zoo, lossless
+from speedup.stats import SpeculativeStats, expected_speedup
 
 GRID = [(alpha, K) for alpha in (0.0, 0.3, 0.75, 0.99, 1.0) for K in (1, 2, 4, 8)]
 
@@ -58,7 +59,7 @@ def check_tokens_per_loop(tokens_per_loop):
 def check_speedup(speedup):
     for alpha, K in GRID:
         for c, v in [(0.05, 1.0), (0.3, 1.0), (0.1, 1.8)]:
-            assert close(at(speedup, alpha, c, K, v), sampling.expected_speedup(alpha, c, K, v)), (
+            assert close(at(speedup, alpha, c, K, v), expected_speedup(alpha, c, K, v)), (
                 f"alpha={alpha}, c={c}, K={K}, v={v}: a loop costs K draft steps and one verification, K c + v "
                 f"decode steps, and yields the tokens of exercise 1")
     assert close(speedup(0.6, 0.2, 1), 1.6 / 1.2), "with the default v = 1, K = 1 gives (1 + alpha) / (1 + c)"
@@ -100,7 +101,7 @@ def check_pays(pays):
         for c in (0.0, 0.05, 0.3, 0.5, 0.9, 1.0):
             if alpha == c:  # a tie: at best a speedup of exactly 1, on the edge either answer describes
                 continue
-            truth = any(sampling.expected_speedup(alpha, c, K) > 1 for K in range(1, 64))
+            truth = any(expected_speedup(alpha, c, K) > 1 for K in range(1, 64))
             assert bool(pays(alpha, c)) == truth, (
                 f"alpha={alpha:.2f}, c={c}: {'some K gives' if truth else 'no K gives'} a speedup above 1. "
                 f"Compare K = 1, (1 + alpha) / (1 + c), with the general case 1 + alpha + ... + alpha^K <= 1 + K alpha")
@@ -112,7 +113,7 @@ def check_best_K(best_K):
              (0.95, 0.02, lambda m: 1 + 0.02 * (m - 1)), (0.2, 0.3, lambda m: 1.0), (0.85, 0.05, lambda m: max(1, m / 4)),
              (0.9, 0.02, lambda m: 1.0 if m <= 5 else 1 + 0.4 * (m - 5))]
     for alpha, c, verify_cost in cases:
-        speedups = {K: sampling.expected_speedup(alpha, c, K, verify_cost(K + 1)) for K in range(1, 33)}
+        speedups = {K: expected_speedup(alpha, c, K, verify_cost(K + 1)) for K in range(1, 33)}
         best = max(speedups, key=speedups.get)
         expected = best if speedups[best] > 1 else 0
         assert best_K(alpha, c, verify_cost) == expected, (
@@ -147,13 +148,13 @@ def check_one_step_output(one_step_output):
 
 def check_corrected_speedup(corrected_speedup):
     for alpha, K in GRID:
-        assert close(at(corrected_speedup, alpha, 0.1, K), sampling.expected_speedup(alpha, 0.1, K)), (
+        assert close(at(corrected_speedup, alpha, 0.1, K), expected_speedup(alpha, 0.1, K)), (
             f"alpha={alpha}, K={K}: count every token a target call yields, the accepted drafts and one more")
 
 
 def check_underestimate(underestimate):
     published = 0.5 * (1 - 0.5**4) / (1 - 0.5) / (4 * 0.1 + 1)
-    true = sampling.expected_speedup(0.5, 0.1, 4)
+    true = expected_speedup(0.5, 0.1, 4)
     if close(underestimate, true / published, 1e-2):
         return  # the ratio answers "by how much" too
     assert not close(underestimate, published - true, 1e-2), "the sign: the true speedup minus the write-up's"
@@ -163,7 +164,7 @@ def check_underestimate(underestimate):
 
 
 def check_prompt_lookup(PromptLookupDraft):
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     settings = sampling.SamplingSettings()
     lookup = PromptLookupDraft(n_vocab=8)
     drafts, p = lookup.propose(np.array([1, 2, 3, 4, 5, 1, 2]), 3, settings, np.random.default_rng(0), stats)
@@ -194,7 +195,7 @@ def check_alpha_from_origins(alpha_from_origins):
     rng = np.random.default_rng(3)
     for _ in range(20):
         origins = rng.choice(["accepted", "corrected", "bonus", "target"], size=30, p=[0.6, 0.2, 0.15, 0.05]).tolist()
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         for origin in origins:
             stats.record_tokens(origin)
         assert close(alpha_from_origins(origins), stats.acceptance_rate, 1e-12), (
@@ -311,7 +312,7 @@ def roofline_break_even(weight_bytes, bytes_per_parameter, bytes_per_second, flo
 
     def speedup(B):
         v = roofline_seconds((K + 1) * B, *machine) / roofline_seconds(B, *machine)
-        return sampling.expected_speedup(alpha, c, K, v)
+        return expected_speedup(alpha, c, K, v)
 
     low, high = 1e-9, 1e9
     if speedup(low) <= 1:

@@ -28,6 +28,7 @@ from batching import sampling_batched
 from engine.threads import THREADS
 from cli import backends
 from speedup import costs, drafts
+from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 from verifiers.multi_draft import multi_draft_speculative_sampling
 from verifiers.tree import tree_speculative_sampling
@@ -113,7 +114,7 @@ def run_decoder(name, prompt_ids, draft, speculative_draft, target, encoder, N, 
     """
     for model in (draft, speculative_draft, target):
         model.reset()
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     rng = np.random.default_rng(seed)
     keywords = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
     # sampling, or with --backend jax and two JAX models sampling_jax: whole loops on the device

@@ -40,7 +40,7 @@ from batching import sampling_batched
 from jax_backend.gpt2_jax import bucket_size, probabilities, sample_inverse_cdf
 from sampling import greedy_assisted_generation  # noqa: F401  (the host's loop, see above)
 
-ORIGINS = ("target", "accepted", "corrected", "bonus")  # sampling.SpeculativeStats' names, by code
+ORIGINS = ("target", "accepted", "corrected", "bonus")  # SpeculativeStats' origins, by code
 
 
 def max_fn(x, fallback):  # [n_vocab] -> [n_vocab], sampling.max_fn: (x)+ normalised, or fallback if none is > 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import sampling
+from speedup.stats import expected_speedup
 
 MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up to 15
 # AutoK's settings, chosen with bench/auto_k.py, which replays the bundled pair's acceptances on 24 held-out prompts
@@ -62,7 +63,7 @@ class MeasuredCosts:
 
     def expected_speedup(self, alpha, K):
         """The formula at this machine's c and v(K + 1); K = 0 is autoregressive decoding itself, 1x."""
-        return sampling.expected_speedup(alpha, self.cost_ratio, K, self.v(K + 1)) if K else 1.0
+        return expected_speedup(alpha, self.cost_ratio, K, self.v(K + 1)) if K else 1.0
 
     def best_K(self, alpha, K_max=None):
         """The K in 0 .. K_max with the highest expected speedup (the smallest on ties); 0 when none beats 1x."""
@@ -140,7 +141,7 @@ class AutoK:
     measured costs and the alpha measured so far in the run, or none (a plain autoregressive step) when no K pays.
 
     alpha comes from a Beta posterior: the prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED) plus the run's accepted and
-    rejected drafts (read from sampling.SpeculativeStats before every loop), each weighted by MEMORY for every
+    rejected drafts (read from SpeculativeStats before every loop), each weighted by MEMORY for every
     token generated after it, so that the estimate follows the text's easy and hard stretches, and fades during
     plain steps. K is chosen at the posterior mean plus OPTIMISM standard deviations, and must promise
     WORTH_DRAFTING (1.05x); otherwise the loop is a plain step. A run that stopped drafting thus tries again once

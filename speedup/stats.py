@@ -1,7 +1,7 @@
 """What a decoder did, and what the formula expects of it: `SpeculativeStats` counts model calls, their time,
 drafts and where every new token came from; `expected_speedup` is Leviathan et al.'s expected speedup, with
-the verification's real cost. sampling.py's decoders fill a SpeculativeStats (sampling re-exports all three
-names); costs.py measures the costs the formula takes.
+the verification's real cost. sampling.py's decoders fill a SpeculativeStats; costs.py measures the costs the
+formula takes. This module imports nothing of the kit, so sampling.py can import it.
 """
 
 from dataclasses import dataclass, field

@@ -22,6 +22,7 @@ import gpt2
 import sampling
 from batching import gpt2_batched, sampling_batched
 from gpt2_cases import random_params
+from speedup.stats import SpeculativeStats
 from test_exactness import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, assert_follows, chi_square_p_value, \
     exact_joint, perturbed, random_target
 
@@ -140,7 +141,7 @@ def batch_one_runs(decoder, models, B, K, settings, seed):
     """Each row alone through sampling.py with its own Generator: -> (tokens, stats, the Generator afterwards)."""
     runs = []
     for i in range(B):
-        rng, stats = np.random.default_rng([seed, i]), sampling.SpeculativeStats()
+        rng, stats = np.random.default_rng([seed, i]), SpeculativeStats()
         extra = {"K": K} if decoder == "speculative_sampling" else {}
         tokens = getattr(sampling, decoder)(PROMPTS[i], *models, N_ROWS[i], rng=rng, **extra, **settings, stats=stats)
         runs.append((tokens, stats, rng))

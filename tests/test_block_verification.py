@@ -17,6 +17,7 @@ import utils
 from classroom import lossless
 from conftest import REPO
 from speedup.drafts import PromptLookup
+from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling, block_weights, verify_block
 
 # ---- exact toys: p and q as fractions, given the drafts so far ------------------------------------------
@@ -315,7 +316,7 @@ def test_greedy_equals_autoregressive_greedy_on_the_bundled_pair():
     for K in (2, 5):
         target.reset()
         draft.reset()
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         got = block_speculative_sampling(prompt, draft, target, 16, K, rng=0, temperature=0, stats=stats)
         np.testing.assert_array_equal(got, expected)
         assert stats.accepted > 0
@@ -331,7 +332,7 @@ def test_stats_and_output_follow_speculative_samplings_contract():
 
     draft = lossless.TableCallable(lossless.random_context_table(4, 2))
     target = Target(lossless.random_context_table(4, 1))
-    stats, new_tokens = sampling.SpeculativeStats(), []
+    stats, new_tokens = SpeculativeStats(), []
     out = block_speculative_sampling(np.array([2, 0], dtype=np.int32), draft, target, 20, 3, rng=0, stats=stats,
                                      progress=new_tokens.append)
     assert out.dtype == np.int64 and len(out) == 22 and out[:2].tolist() == [2, 0]

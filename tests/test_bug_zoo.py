@@ -13,6 +13,7 @@ import pytest
 import gpt2
 import sampling
 from classroom import bug_zoo, lossless
+from speedup.stats import SpeculativeStats
 from test_exactness import HPARAMS, perturbed, random_target
 
 DISTRIBUTION_BUGS = [bug.name for bug in bug_zoo.BUGS if not bug.speed_only]
@@ -78,7 +79,7 @@ def test_exact_match_verification_is_lossless_but_accepts_less():
     problem = lossless.default_problems()[0]
     accepted = {}
     for label, decoder in [("rejection", sampling.speculative_sampling), ("exact match", variant.decoder())]:
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         draft, target = problem.models()
         for seed in range(300):
             decoder(np.array(problem.prompt), draft, target, 8, 2, np.random.default_rng(seed), stats=stats)

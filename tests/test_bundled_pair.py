@@ -11,6 +11,7 @@ import main
 import sampling
 import utils
 from conftest import REPO
+from speedup.stats import SpeculativeStats
 
 MODELS = REPO / "models"
 HELD_OUT = REPO / "tests" / "fixtures" / "heldout_sample.txt"  # two held-out documents (PSF licence)
@@ -69,7 +70,7 @@ def test_a_greedy_continuation_is_reproduced_exactly(pair):
     assert out[len(prompt):].tolist() == GREEDY_CONTINUATION
     draft = gpt2.GPT2Model(draft_params, draft_hparams)
     target.reset()
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     out = sampling.speculative_sampling(prompt, draft, target, len(GREEDY_CONTINUATION), K=4, temperature=0,
                                         rng=np.random.default_rng(0), stats=stats)
     assert out[len(prompt):].tolist() == GREEDY_CONTINUATION

@@ -8,9 +8,9 @@ import pytest
 
 import gpt2
 import main
-import sampling
 import utils
 from cli import flags, runs
+from speedup.stats import SpeculativeStats
 from test_cli import MODELS, PAIR, assert_short_error, models_dir, run_main  # noqa: F401 (models_dir: a fixture)
 from verifiers import block_speculative_sampling, multi_draft_speculative_sampling, tree_speculative_sampling
 
@@ -84,7 +84,7 @@ def test_the_speculative_decoder_is_the_verifiers_own(models_dir, capsys, monkey
     encoder, target = load_model("target", models_dir)
     draft = None if "draft_model_size" in keywords else load_model("draft", models_dir)[1]  # a lookup tree: none
     prompt_ids = encoder.encode(PROMPT)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     x = decoder(prompt_ids, draft, target, 12, 3, rng=np.random.default_rng(4), temperature=1.0, stats=stats,
                 **decoder_keywords)
     assert result["speculative"]["new_tokens"] == x[len(prompt_ids):].tolist()

@@ -7,6 +7,7 @@ import pytest
 import gpt2
 import sampling
 from speedup import costs
+from speedup.stats import SpeculativeStats, expected_tokens_per_loop
 from test_exactness import HPARAMS, perturbed, random_target
 
 
@@ -19,7 +20,7 @@ def flat_costs(c, v=1.0, max_scored=16):
 def test_expected_speedup_is_the_formula_at_the_measured_verification_cost():
     measured = costs.MeasuredCosts(0.01, 0.002, (1.0, 1.5, 1.7, 2.0, 2.2))
     assert measured.cost_ratio == pytest.approx(0.2) and measured.K_max == 4
-    assert measured.expected_speedup(0.8, 3) == pytest.approx(sampling.expected_tokens_per_loop(0.8, 3) / (3 * 0.2 + 2.0))
+    assert measured.expected_speedup(0.8, 3) == pytest.approx(expected_tokens_per_loop(0.8, 3) / (3 * 0.2 + 2.0))
     assert measured.expected_speedup(0.8, 0) == 1.0  # no drafts: autoregressive decoding itself
 
 
@@ -90,7 +91,7 @@ def test_auto_K_decodes_the_autoregressive_tokens_and_chooses_none_where_nothing
     expected = sampling.autoregressive_sampling(prompt, target, 30, temperature=0)
     paying, hopeless = costs.AutoK(draft, flat_costs(0.05)), costs.AutoK(draft, flat_costs(1.0, v=1.5))
     for auto in (paying, hopeless):
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         out = sampling.speculative_sampling(prompt, auto, target, 30, 8, temperature=0, stats=stats)
         np.testing.assert_array_equal(out, expected)
         assert len(auto.chosen) == stats.loops
@@ -103,7 +104,7 @@ def test_auto_K_decodes_the_autoregressive_tokens_and_chooses_none_where_nothing
 
 def test_auto_K_follows_the_runs_alpha_weighting_recent_drafts_more():
     auto = costs.AutoK(None, flat_costs(0.1))
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     stats.record_tokens("accepted", 7)  # a previous run's counts, in a stats object shared across runs
     auto.observe(stats)
     prior = auto.alpha()
@@ -116,7 +117,7 @@ def test_auto_K_follows_the_runs_alpha_weighting_recent_drafts_more():
     assert auto.alpha() < 0.2  # the last sixty judgements outweigh the forty before them
     forgetful, steadfast = costs.AutoK(None, flat_costs(0.1), memory=0.5), costs.AutoK(None, flat_costs(0.1), memory=1)
     for auto in (forgetful, steadfast):
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         auto.observe(stats)
         stats.record_tokens("corrected", 20)
         auto.observe(stats)
@@ -128,7 +129,7 @@ def test_auto_K_follows_the_runs_alpha_weighting_recent_drafts_more():
 def test_auto_K_drafts_only_what_is_worth_drafting_at_an_optimistic_alpha():
     costly = flat_costs(0.3, v=1.8)
     auto = costs.AutoK(None, costly)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     auto.observe(stats)
     stats.record_tokens("accepted", 30)
     auto.observe(stats)
@@ -146,13 +147,13 @@ class Proposals:
     """Stands for the draft: AutoK tells it how many tokens to propose, and it proposes that many."""
 
     def propose(self, x, K, settings, rng, stats):
-        return np.zeros(K, np.int64), np.zeros((K, 1), np.float32)
+        return np.zeros(K, np.int64), np.ones((K, 1), np.float32)  # token 0, drawn from p one-hot at it
 
 
 def test_auto_K_tries_again_once_plain_steps_have_faded_the_evidence():
     def drafting_loops(memory):  # a draft the target always rejects, 400 loops
         auto = costs.AutoK(Proposals(), flat_costs(0.3, v=1.8), memory=memory)
-        stats, drafting = sampling.SpeculativeStats(), []
+        stats, drafting = SpeculativeStats(), []
         for loop in range(400):
             if len(auto.propose(None, 8, None, None, stats)[0]):
                 drafting.append(loop)

@@ -17,6 +17,7 @@ import gpt2
 import main
 import sampling
 from gpt2_cases import random_params
+from speedup.stats import SpeculativeStats
 from test_exactness import DRAFT_TABLE, N_TOKENS, PROMPT, TARGET_TABLE, TableModel, assert_follows, \
     chi_square_p_value, exact_joint
 
@@ -39,7 +40,7 @@ def host_and_device(decoder, params, x, N, seed, **kwargs):
     runs = []
     for module, make in ((sampling, gpt2.GPT2Model), (sampling_jax, gpt2_jax.JaxGPT2Model)):
         models = [make(p, LONG) for p in params]
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         runs.append((getattr(module, decoder)(x, *models, N, **kwargs, rng=np.random.default_rng(seed),
                                               stats=stats), stats))
     return runs
@@ -168,7 +169,7 @@ def test_device_draws_equal_the_hosts_given_the_same_uniforms(name):
     draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
     host, host_stats = [], []
     for i in range(300):
-        host_stats.append(sampling.SpeculativeStats())
+        host_stats.append(SpeculativeStats())
         host.append(sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, np.random.default_rng([1, i]),
                                                   **kwargs, stats=host_stats[-1])[len(PROMPT):])
     assert len({tuple(row) for row in host}) >= 8  # varied draws, not one sequence

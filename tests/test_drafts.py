@@ -8,6 +8,7 @@ import pytest
 import gpt2
 import sampling
 from speedup import drafts
+from speedup.stats import SpeculativeStats
 from test_exactness import HPARAMS, TARGET_TABLE, TableModel, chi_square_p_value, exact_joint, random_target
 
 
@@ -28,7 +29,7 @@ def test_lookup_proposes_what_followed_the_latest_match_of_the_longest_ngram():
 
 def test_propose_gives_one_hot_float32_p_and_counts_its_time():
     lookup = drafts.PromptLookup(n_vocab=10)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     tokens, p = lookup.propose(np.array([1, 2, 3, 1, 2]), 4, sampling.SamplingSettings(), None, stats)
     assert tokens.dtype == np.int64 and list(tokens) == [3, 1, 2]
     assert p.dtype == np.float32 and p.shape == (3, 10) and (p.argmax(axis=1) == tokens).all() and p.sum() == 3
@@ -56,7 +57,7 @@ def test_greedy_prompt_lookup_gives_exactly_the_autoregressive_tokens():
     for prompt in ([1, 2, 3, 1, 2, 3, 1, 2], [50, 7, 50, 7, 50], [9, 8, 7]):
         expected = sampling.autoregressive_sampling(prompt, target, 30, temperature=0)
         for K in (1, 3, 8):
-            stats = sampling.SpeculativeStats()
+            stats = SpeculativeStats()
             out = sampling.speculative_sampling(prompt, lookup, target, 30, K, temperature=0, stats=stats)
             np.testing.assert_array_equal(out, expected, err_msg=f"K={K}, prompt {prompt}")
             drafted += stats.drafted
@@ -75,7 +76,7 @@ def test_prompt_lookup_sampling_follows_the_target(kwargs):
     target, lookup = TableModel(TARGET_TABLE), drafts.PromptLookup(n_vocab=4)
     rng = np.random.default_rng(0)
     counts = np.zeros(4**N_TOKENS, dtype=np.int64)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     for _ in range(N_SAMPLES):
         out = sampling.speculative_sampling(REPEATING_PROMPT, lookup, target, N_TOKENS, 2, rng, stats=stats, **kwargs)
         counts[np.ravel_multi_index(tuple(out[len(REPEATING_PROMPT):]), (4,) * N_TOKENS)] += 1

@@ -10,6 +10,7 @@ import pytest
 import sampling
 from classroom import bug_zoo, exact_law
 from classroom.symbolic import OracleCannotFollow
+from speedup.stats import SpeculativeStats
 
 PROBLEMS = exact_law.default_exact_problems()
 
@@ -174,7 +175,7 @@ def recursive_rejection(x, draft_model, target_model, N, K, rng, *, n_drafts, fo
 
     forget_residual=True is a plausible mistake: every candidate is tested against q, never against the residual.
     """
-    settings, stats = sampling.SamplingSettings(**settings), sampling.SpeculativeStats()
+    settings, stats = sampling.SamplingSettings(**settings), SpeculativeStats()
     x = np.asarray(x, dtype=np.int64)
     T = len(x) + N
     while len(x) < T:

@@ -19,6 +19,7 @@ import pytest
 import gpt2
 import sampling
 from classroom.lossless import chi2_sf, chi_square_test
+from speedup.stats import SpeculativeStats
 
 # ---- the chi-square test lives in lossless.py (no scipy at run time); its survival function is checked here
 
@@ -214,7 +215,7 @@ def test_greedy_speculative_and_assisted_equal_autoregressive(greedy_pairs, use_
         for draft_params, draft_hparams in drafts:
             draft = gpt2.GPT2Model(draft_params, draft_hparams, use_cache=use_cache)
             for K in range(1, 9):
-                stats = sampling.SpeculativeStats()
+                stats = SpeculativeStats()
                 tokens = sampling.speculative_sampling(prompt, draft, target, N_GREEDY, K, np.random.default_rng(K),
                                                        temperature=0, stats=stats)
                 np.testing.assert_array_equal(tokens, expected, err_msg=f"K={K}, prompt {prompt}")

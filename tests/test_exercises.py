@@ -10,6 +10,7 @@ import pytest
 import sampling
 from classroom import lossless
 from conftest import REPO
+from speedup.stats import SpeculativeStats, expected_speedup
 
 sys.path.insert(0, str(REPO / "notebooks" / "solutions"))
 import exercise_solutions  # noqa: E402
@@ -61,7 +62,7 @@ def textbook_best_K(alpha, c, verify_cost):
 
 
 ALPHA_ONE = "not yet: " + exercise_checks.ALPHA_ONE
-TRUE_7, PUBLISHED_7 = sampling.expected_speedup(0.5, 0.1, 4), 0.5 * (1 - 0.5**4) / (1 - 0.5) / (4 * 0.1 + 1)
+TRUE_7, PUBLISHED_7 = expected_speedup(0.5, 0.1, 4), 0.5 * (1 - 0.5**4) / (1 - 0.5) / (4 * 0.1 + 1)
 LITERAL = [  # (exercise, the student's answer, the verdict it must get)
     (1, lambda alpha, K: (1 - alpha ** (K + 1)) / (1 - alpha), ALPHA_ONE),
     (1, geometric_sum, "correct"),
@@ -198,7 +199,7 @@ def test_a_stub_is_unsolved_and_a_crash_is_reported_not_raised():
 
 def test_the_lookup_solution_drafts_in_a_real_run_and_stays_greedy_exact():
     model = lossless.CachedTableModel(lossless.random_context_table(4, seed=1))
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     prompt = np.array([1, 2, 3, 1, 2, 3, 1, 2])  # a text that repeats itself: the lookup has something to copy
     out = sampling.speculative_sampling(prompt, exercise_solutions.PromptLookupDraft(4), model, 12, 3, 0,
                                         temperature=0, stats=stats)

@@ -16,6 +16,7 @@ import sampling
 from conftest import REPO  # the repository root
 from gpt2_cases import CONFIGS, full_logits, random_params  # the engine's random configurations
 from cli import backends
+from speedup.stats import SpeculativeStats
 
 jax = pytest.importorskip("jax")
 from jax_backend import gpt2_jax  # noqa: E402
@@ -286,7 +287,7 @@ def test_greedy_tokens_are_the_same_on_both_backends():
     outputs = {}
     for backend in backends.BACKENDS:
         draft_model, target_model = (backends.make_model(p, LONG, backend=backend) for p in (draft, target))
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         outputs[backend] = {
             "autoregressive": sampling.autoregressive_sampling(x, target_model, N, temperature=0),
             "speculative": sampling.speculative_sampling(x, draft_model, target_model, N, K=4, temperature=0,

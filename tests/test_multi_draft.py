@@ -10,6 +10,7 @@ import pytest
 import sampling
 from classroom import lossless
 from conftest import bundled_pair_after
+from speedup.stats import SpeculativeStats
 from verifiers.multi_draft import (draw_distinct_drafts, multi_draft_speculative_sampling, next_residual,
                                    without)
 
@@ -35,7 +36,7 @@ def bundled_pair():
 def test_one_draft_is_speculative_sampling_token_for_token(kind, replacement):
     for seed in range(12):
         for temperature, top_p in [(1.0, 1.0), (0.7, 0.9)]:
-            expected_stats, stats = sampling.SpeculativeStats(), sampling.SpeculativeStats()
+            expected_stats, stats = SpeculativeStats(), SpeculativeStats()
             expected = sampling.speculative_sampling([2, 0], kind(DRAFT), kind(TARGET), 9, 3, seed,
                                                      temperature=temperature, top_p=top_p, stats=expected_stats)
             got = multi_draft_speculative_sampling([2, 0], kind(DRAFT), kind(TARGET), 9, 3, 1, seed,
@@ -62,7 +63,7 @@ def test_greedy_equals_autoregressive_on_the_bundled_pair(bundled_pair):
     expected = sampling.autoregressive_sampling(prompt, target, 16, temperature=0)
     for n_drafts in (1, 2, 3):
         for replacement in (True, False):
-            stats = sampling.SpeculativeStats()
+            stats = SpeculativeStats()
             got = multi_draft_speculative_sampling(prompt, draft, target, 16, 4, n_drafts, 0, replacement=replacement,
                                                    temperature=0, stats=stats)
             assert got.tolist() == expected.tolist()
@@ -78,7 +79,7 @@ def test_check_lossless_passes(replacement, n_drafts):
 def test_a_perfect_draft_gives_K_plus_1_tokens_per_target_call():
     assert lossless.check_tokens_per_call(with_n_drafts(1, False)).passed  # it counts the model's calls: one draft
     for replacement in (True, False):  # several drafts: stats count one call per loop, as a batched engine makes
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         out = multi_draft_speculative_sampling([2, 0], lossless.TableCallable(TARGET), lossless.TableCallable(TARGET),
                                                24, 3, 3, 0, replacement=replacement, stats=stats)
         assert len(out) == 26 and stats.target_calls == stats.loops == 6 and stats.accepted == 18
@@ -114,7 +115,7 @@ def test_the_first_token_follows_q_exactly_and_not_without_the_residual_update(r
 
 
 def test_drafts_without_replacement_start_with_distinct_tokens_drawn_from_the_rest_of_p():
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     x = np.array([2, 0])
     drafts, p = draw_distinct_drafts(lossless.TableCallable(DRAFT), x, 3, 3, sampling.SamplingSettings(),
                                      np.random.default_rng(0), stats)
@@ -131,7 +132,7 @@ def test_drafts_without_replacement_start_with_distinct_tokens_drawn_from_the_re
 
 @pytest.mark.parametrize("replacement", [True, False])
 def test_the_counters_add_up(replacement):
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     out = multi_draft_speculative_sampling([1, 3], lossless.CachedTableModel(DRAFT), lossless.CachedTableModel(TARGET),
                                            40, 3, 3, 5, replacement=replacement, stats=stats)
     assert len(out) == 42 and stats.generated == 40

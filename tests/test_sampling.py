@@ -8,6 +8,7 @@ import pytest
 
 import gpt2
 import sampling
+from speedup.stats import SpeculativeStats, expected_speedup, expected_tokens_per_loop
 from test_exactness import HPARAMS, TableCallable, TableModel, DRAFT_TABLE, TARGET_TABLE, perturbed, random_target
 
 # ---- logits -> probabilities -------------------------------------------------------------------
@@ -160,16 +161,16 @@ def test_max_fn_normalises_the_positive_part_and_falls_back_without_dividing_by_
 
 
 def test_expected_speedup_formula():
-    assert sampling.expected_speedup(0.0, 0.1, 4) == pytest.approx(1 / 1.4)
-    assert sampling.expected_speedup(1.0, 0.1, 4) == pytest.approx(5 / 1.4)
-    assert sampling.expected_speedup(0.8, 0.05, 4) == pytest.approx((1 + 0.8 + 0.64 + 0.512 + 0.4096) / 1.2)
-    assert sampling.expected_tokens_per_loop(0.5, 3) == pytest.approx(1.875)
+    assert expected_speedup(0.0, 0.1, 4) == pytest.approx(1 / 1.4)
+    assert expected_speedup(1.0, 0.1, 4) == pytest.approx(5 / 1.4)
+    assert expected_speedup(0.8, 0.05, 4) == pytest.approx((1 + 0.8 + 0.64 + 0.512 + 0.4096) / 1.2)
+    assert expected_tokens_per_loop(0.5, 3) == pytest.approx(1.875)
     # a verification costing v decode steps replaces the idealised 1 in the loop's cost K c + v
-    assert sampling.expected_speedup(0.8, 0.05, 4, v=2.0) == pytest.approx((1 + 0.8 + 0.64 + 0.512 + 0.4096) / 2.2)
-    assert sampling.expected_speedup(0.0, 0.0, 0, v=1.0) == 1.0  # no drafts: a plain step
+    assert expected_speedup(0.8, 0.05, 4, v=2.0) == pytest.approx((1 + 0.8 + 0.64 + 0.512 + 0.4096) / 2.2)
+    assert expected_speedup(0.0, 0.0, 0, v=1.0) == 1.0  # no drafts: a plain step
     for bad in [(1.2, 0.1, 4), (0.5, -0.1, 4), (0.5, 0.1, -1), (0.5, 0.1, 4, 0.0)]:
         with pytest.raises(ValueError):
-            sampling.expected_speedup(*bad)
+            expected_speedup(*bad)
 
 
 # ---- decoders: contracts, caches, statistics ---------------------------------------------------
@@ -205,7 +206,7 @@ def test_cached_target_is_called_once_per_loop_and_rolls_back_exactly(pair_param
     draft_params, target_params = pair_params
     target = Spy(gpt2.GPT2Model(target_params, HPARAMS), reference=gpt2.GPT2Model(target_params, HPARAMS, use_cache=False))
     draft = Spy(gpt2.GPT2Model(draft_params, HPARAMS))
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     prompt, N, K = [5, 6, 7], 40, 4
     # at temperature 0.2 the draft's p and the target's q differ enough for rejections in most loops
     out = sampling.speculative_sampling(prompt, draft, target, N, K, np.random.default_rng(0), temperature=0.2,
@@ -229,16 +230,16 @@ def test_cached_target_is_called_once_per_loop_and_rolls_back_exactly(pair_param
     assert stats.verify_steps == pytest.approx(2.0)
     mean_K = stats.drafted / stats.loops
     assert stats.expected_speedup == pytest.approx(
-        sampling.expected_speedup(stats.acceptance_rate, stats.cost_ratio, mean_K, v=2.0))
+        expected_speedup(stats.acceptance_rate, stats.cost_ratio, mean_K, v=2.0))
     assert stats.expected_speedup_one_step == pytest.approx(
-        sampling.expected_speedup(stats.acceptance_rate, stats.cost_ratio, mean_K))
+        expected_speedup(stats.acceptance_rate, stats.cost_ratio, mean_K))
 
 
 def test_cached_target_is_called_once_per_loop_in_assisted_generation_too(pair_params):
     draft_params, target_params = pair_params
     target = Spy(gpt2.GPT2Model(target_params, HPARAMS), reference=gpt2.GPT2Model(target_params, HPARAMS, use_cache=False))
     draft = Spy(gpt2.GPT2Model(draft_params, HPARAMS))
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     sampling.greedy_assisted_generation([5, 6, 7], draft, target, 40, stats=stats)
     assert len(target.calls) == stats.target_calls == stats.loops and len(draft.calls) == stats.drafted
     assert 0 < stats.accepted < stats.drafted and target.calls_after_rollback > 0
@@ -259,18 +260,18 @@ class ConstantModel:
 @pytest.mark.parametrize("K", [1, 4, 8])
 def test_acceptance_rate_estimates_alpha_whatever_K(K):
     # q = (0.5, 0.5, 0), p = (0.2, 0.2, 0.6): alpha = sum(min(p, q)) = 0.4 for every draft
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     sampling.speculative_sampling([0], ConstantModel([0.2, 0.2, 0.6]), ConstantModel([0.5, 0.5, 0.0]), 4000, K,
                                   np.random.default_rng(0), stats=stats)
     assert stats.acceptance_rate == pytest.approx(0.4, abs=0.03)
     assert stats.accepted + stats.rejected < stats.drafted or K == 1  # unjudged drafts are not counted against it
-    assert stats.tokens_per_target_call == pytest.approx(sampling.expected_tokens_per_loop(0.4, K), rel=0.05)
+    assert stats.tokens_per_target_call == pytest.approx(expected_tokens_per_loop(0.4, K), rel=0.05)
 
 
 def test_identical_draft_and_target_accept_everything_at_any_settings(pair_params):
     _, target_params = pair_params  # p and q go through the same processing, so q / p is exactly 1
     for kwargs in [{}, {"temperature": 0.7, "top_k": 9, "top_p": 0.8}, {"temperature": 0}]:
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         sampling.speculative_sampling([1], gpt2.GPT2Model(target_params, HPARAMS), gpt2.GPT2Model(target_params, HPARAMS),
                                       30, 3, np.random.default_rng(0), stats=stats, **kwargs)
         assert stats.acceptance_rate == 1.0 and stats.origins.count("corrected") == 0
@@ -322,7 +323,7 @@ def test_rng_may_be_an_int_seed_or_none_as_numpy_default_rng_takes_it():
 
 def test_printing_stats_shows_the_counters_not_every_tokens_origin():
     draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     sampling.speculative_sampling([0], draft, target, 60, 3, 0, stats=stats)
     shown = repr(stats)
     assert len(stats.origins) == 60 and "origins" not in shown and len(shown) < 300
@@ -360,7 +361,7 @@ def test_assisted_generation_follows_hugging_faces_schedule_for_K():
     agreeing = Lookahead(1)
     sampling.greedy_assisted_generation([0], Lookahead(1), agreeing, 5 + 1 + 7 + 1 + 9 + 1 + 3)
     assert agreeing.n_last == [6, 8, 10, 3]  # K = 5, 7, 9 (+ 2 after each full acceptance), then 2 to end at T
-    disagreeing, stats = Lookahead(1), sampling.SpeculativeStats()
+    disagreeing, stats = Lookahead(1), SpeculativeStats()
     out = sampling.greedy_assisted_generation([0], Lookahead(2), disagreeing, 8, stats=stats)
     assert disagreeing.n_last == [6, 5, 4, 3, 2, 2, 2, 1]  # K = 5, 4, 3, 2, 1, 1, 1: - 1, never below 1
     assert list(out) == list(range(9)) and stats.accepted == 0 and stats.origins.count("corrected") == 7
@@ -386,7 +387,7 @@ class FusedDraft(TableModel):
 
 def test_a_fused_draft_method_gives_the_same_tokens_from_the_same_seed():
     settings = sampling.SamplingSettings(0.9, 3, 0.95)
-    fused, stats = FusedDraft(DRAFT_TABLE, settings), sampling.SpeculativeStats()
+    fused, stats = FusedDraft(DRAFT_TABLE, settings), SpeculativeStats()
     kwargs = {"temperature": 0.9, "top_k": 3, "top_p": 0.95}
     for seed in range(5):
         with_fused = sampling.speculative_sampling([0], fused, TableModel(TARGET_TABLE), 25, 4,
@@ -431,7 +432,7 @@ class ShortProposer:
 
 def test_a_draft_may_propose_fewer_than_K_tokens_or_none():
     draft, target = ShortProposer(DRAFT_TABLE, [0, 2, 4, 1]), TableModel(TARGET_TABLE)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     out = sampling.speculative_sampling([0, 1], draft, target, 60, 4, np.random.default_rng(0), stats=stats)
     assert len(out) == 62 and stats.generated == 60
     assert stats.drafted == stats.draft_calls < 4 * stats.loops  # the loops judged what was proposed

@@ -8,6 +8,7 @@ import pytest
 import gpt2
 import sampling
 from classroom import timeline
+from speedup.stats import SpeculativeStats
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -24,7 +25,7 @@ def recorded_run(seed=0):
     calls = []
     draft = timeline.RecordingModel(tiny_model(1), "draft", calls)
     target = timeline.RecordingModel(tiny_model(2), "target", calls)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     out = sampling.speculative_sampling(PROMPT, draft, target, N, K, seed, stats=stats)
     return out, stats, calls
 

@@ -8,6 +8,7 @@ import pytest
 import sampling
 from classroom import lossless
 from conftest import bundled_pair_after
+from speedup.stats import SpeculativeStats
 from verifiers.multi_draft import multi_draft_speculative_sampling
 from verifiers.tree import (TokenTree, lookup_continuations, score_paths, score_tree, top_k_tree,
                             tree_speculative_sampling)
@@ -45,7 +46,7 @@ def test_tree_logits_of_the_cached_table_model_equal_each_path_scored_as_a_seque
     assert tree.tokens == [1, 2, 3, 0, 3, 3, 1, 0] and tree.parents == [-1, 0, 1, 0, -1, 4, 5, 1]
     x, settings = np.array([2, 0, 1]), sampling.SamplingSettings(0.8)
     by_paths = score_paths(lossless.CachedTableModel(TARGET), x, tree.tokens, tree.parents, settings)
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     by_tree = score_tree(lossless.CachedTableModel(TARGET), x, tree.tokens, tree.parents, settings, stats)
     assert by_tree.dtype == np.float32 and by_tree.shape == (9, 4) and stats.target_calls == 1
     np.testing.assert_array_equal(by_tree, by_paths)
@@ -65,7 +66,7 @@ def test_a_sampled_draft_is_a_candidate_at_every_node_it_passes_duplicates_inclu
 def test_a_sampled_tree_is_multi_draft_token_for_token(target_kind):
     for seed in range(8):
         for replacement, n_drafts in [(True, 3), (False, 3), (False, 1)]:
-            expected_stats, stats = sampling.SpeculativeStats(), sampling.SpeculativeStats()
+            expected_stats, stats = SpeculativeStats(), SpeculativeStats()
             expected = multi_draft_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3,
                                                         n_drafts, seed,
                                                         replacement=replacement, stats=expected_stats)
@@ -89,7 +90,7 @@ def test_greedy_equals_autoregressive_on_the_bundled_pair(bundled_pair):
     prompt, draft, target = bundled_pair
     expected = sampling.autoregressive_sampling(prompt, target, 12, temperature=0)
     for drafts, n_drafts in [("sampled", 3), ("top_k", 2), ("lookup", 3)]:
-        stats = sampling.SpeculativeStats()
+        stats = SpeculativeStats()
         got = tree_speculative_sampling(prompt, draft, target, 12, 3, n_drafts, 0, drafts=drafts, temperature=0,
                                         stats=stats)
         assert got.tolist() == expected.tolist()
@@ -105,13 +106,13 @@ def test_check_lossless_passes(drafts, n_drafts, replacement):
 
 def test_one_target_call_per_loop_and_K_plus_1_tokens_from_a_perfect_draft():
     assert lossless.check_tokens_per_call(tree_decoder(1, "sampled")).passed  # it counts the model's calls
-    target, stats = CountedTreeModel(TARGET), sampling.SpeculativeStats()
+    target, stats = CountedTreeModel(TARGET), SpeculativeStats()
     out = tree_speculative_sampling([2, 0], lossless.CachedTableModel(TARGET), target, 24, 3, 3, 0, stats=stats)
     assert len(out) == 26 and target.tree_calls == stats.target_calls == stats.loops == 6 and stats.accepted == 18
 
 
 def test_top_k_trees_hold_the_k_most_likely_tokens_at_every_node():
-    stats = sampling.SpeculativeStats()
+    stats = SpeculativeStats()
     x = np.array([2, 0])
     tree = top_k_tree(lossless.TableCallable(DRAFT), x, 2, 2, sampling.SamplingSettings(), stats)
     assert len(tree.tokens) <= 2 + 4 and stats.draft_calls == 1 + len(tree.candidates[-1])
