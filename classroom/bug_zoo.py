@@ -19,7 +19,9 @@ the target's own token and accepting the draft only when the two are equal is lo
 import difflib
 import functools
 import inspect
+import io
 import textwrap
+import tokenize
 import types
 from dataclasses import dataclass
 
@@ -33,7 +35,11 @@ class StalePatch(Exception):
 
 @dataclass(frozen=True)
 class Patch:
-    """In module.function, replace the consecutive lines `old` (compared without indentation) by `new`."""
+    """In module.function, replace the consecutive code lines `old` by `new`.
+
+    Lines are compared as code: without indentation, comments, blank lines or lines that hold only a comment, so
+    rewording a comment in the reference never makes a patch stale. `old` names code lines only.
+    """
 
     module: types.ModuleType
     function: str
@@ -42,18 +48,28 @@ class Patch:
 
     def apply(self, source, bug_name):  # the function's source -> the patched source
         lines = source.splitlines(keepends=True)
-        old = textwrap.dedent(self.old).strip("\n").splitlines()
-        matches = [i for i in range(len(lines) - len(old) + 1)
-                   if all(lines[i + j].strip() == old[j].strip() for j in range(len(old)))]
+        code = code_lines(source)  # (line index, its code) for every line that holds code
+        old = [text for _, text in code_lines(textwrap.dedent(self.old).strip("\n"))]
+        matches = [i for i in range(len(code) - len(old) + 1)
+                   if all(code[i + j][1] == old[j] for j in range(len(old)))]
         if len(matches) != 1:
             where = f"{self.module.__name__}.{self.function}"
             found = "no longer contains" if not matches else f"contains {len(matches)} copies of"
             raise StalePatch(f"bug {bug_name!r}: {where} {found} the line(s) {old!r}; update bug_zoo.py to the "
                              f"current reference")
-        first = matches[0]
+        first, last = code[matches[0]][0], code[matches[0] + len(old) - 1][0]
         indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
         new = [indent + line + "\n" if line else "\n" for line in textwrap.dedent(self.new).strip("\n").splitlines()]
-        return "".join(lines[:first] + new + lines[first + len(old):])
+        return "".join(lines[:first] + new + lines[last + 1:])
+
+
+def code_lines(source):  # -> [(line index, the line's code, stripped)] for the lines that hold code
+    """Each line's code without its comment, found by Python's tokenizer (a # inside a string is no comment)."""
+    lines = source.splitlines()
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    comment_starts = {token.start[0] - 1: token.start[1] for token in tokens if token.type == tokenize.COMMENT}
+    code = [(i, line[:comment_starts.get(i, len(line))].strip()) for i, line in enumerate(lines)]
+    return [(i, text) for i, text in code if text]
 
 
 def rebound_namespace(module):
@@ -168,7 +184,7 @@ def with_speculative_signature(run, settings, model_side, name):
     return decoder
 
 
-ACCEPT_TEST = "if r < min(1.0, float(q[t][token]) / float(p[t][token])):  # accept: x_{n+1} <- x~_t"
+ACCEPT_TEST = "if accepts(r, q[t], p[t], token):"
 CORRECTION = "x = np.append(x, sample(max_fn(q[t] - p[t], fallback=q[t]), rng))"
 DRAFT_STEP = """
     p.append(timed_probs(draft_model, x_draft, 1, settings, stats, "draft")[0])
@@ -202,8 +218,8 @@ BUGS = [
     Variant(
         "always_accept", "an acceptance test that is always true", "transformers PR #28508",
         "every draft is accepted, so every token but the bonus comes from the draft p",
-        (Patch(sampling, "speculative_sampling", ACCEPT_TEST,
-               "if r < max(1.0, float(q[t][token]) / float(p[t][token])):  # (bug) max for min: always true"),)),
+        (Patch(sampling, "accepts", "return r < min(1.0, float(q[token]) / float(p[token]))",
+               "return r < max(1.0, float(q[token]) / float(p[token]))  # (bug) max for min: always true"),)),
     Variant(
         "shared_random_numbers", "drafting and acceptance read the same random numbers", "vllm PR #54282",
         "the uniform that drew a draft also decides whether it is accepted: drafts drawn with a small number "
@@ -232,7 +248,7 @@ BUGS = [
         "first_draft_unverified", "the first draft committed unverified", "ohdearquant/lattice#243, PR #258",
         "the first draft of every loop is kept without the test, so one token in every loop comes from p",
         (Patch(sampling, "speculative_sampling", ACCEPT_TEST,
-               "if t == 0 or r < min(1.0, float(q[t][token]) / float(p[t][token])):  # (bug) x~_1 unchecked"),)),
+               "if t == 0 or accepts(r, q[t], p[t], token):  # (bug) x~_1 unchecked"),)),
     Variant(
         "correction_from_q", "the correction sampled from q, not from (q - p)+", "SafeAILab/EAGLE#329",
         "accepted drafts already supplied min(p, q); drawing the correction from q adds beta q on top, "
@@ -258,7 +274,7 @@ BUGS = [
         (Patch(sampling, "speculative_sampling", """
             x = np.append(x, sample(q[K_n], rng))
             n += 1
-            stats.record_tokens("bonus" if K_n else "target")  # with no drafts, the target's own step
+            stats.record_tokens("bonus" if K_n else "target")
             """, """
             if K_n == 0:  # (bug) only a loop without drafts samples from q: the bonus token is dropped
                 x = np.append(x, sample(q[K_n], rng))
@@ -273,7 +289,7 @@ EXACT_MATCH_VERIFICATION = Variant(
     "none: every token emitted is the target's own draw y ~ q at its position (the draft only when it equals "
     "y), so the output follows q exactly; only acceptance drops, from sum min(p, q) to sum p q",
     (Patch(sampling, "speculative_sampling", """
-        r = rng.random()  # r ~ U[0, 1]
+        r = rng.random()
         token = drafts[t]
         """ + ACCEPT_TEST, """
         y = sample(q[t], rng)  # the target's own token at this position

@@ -23,17 +23,19 @@ import numpy as np
 
 from classroom import lossless
 from classroom.bug_zoo import Patch, Variant
-from sampling import SamplingSettings, check_K, draw_drafts, prepare, sample, timed_probs
+from sampling import SamplingSettings, draw_drafts, sample, timed_probs
 from verifiers import block, multi_draft, tree
+from verifiers.loop import Loop, decode
 
 BLOCK = (block, "block_speculative_sampling")
-SPECINFER = ((multi_draft, "multi_draft_speculative_sampling"), (("n_drafts", 2), ("replacement", True)))
+# multi_draft_speculative_sampling is the tree's sampled mode: the tree's decoder runs the patched rules
+SPECINFER = ((tree, "tree_speculative_sampling"), (("n_drafts", 2), ("replacement", True), ("drafts", "sampled")))
 TOP_K_TREE = ((tree, "tree_speculative_sampling"), (("n_drafts", 2), ("drafts", "top_k")))
 RECURSIVE_TEST = """
-    if r < min(1.0, float(residual[token]) / float(p_prime[token])):  # strict: r = 0 never takes q'(c) = 0
+    if accepts(r, residual, p_prime, token):
         return i, residual
 """
-RESIDUAL_UPDATE = "residual = next_residual(residual, p_prime)  # rejected: the next candidate aims at (q' - p')+"
+RESIDUAL_UPDATE = "residual = next_residual(residual, p_prime)"
 TAU = "tau = max((i for i in range(1, K + 1) if eta[i - 1] < h[i]), default=0)"
 
 
@@ -94,7 +96,7 @@ BUGS = [
         "last residual: a second candidate is accepted as if the first had never taken its share, so tokens "
         "drafted often are over-weighted (total variation 0.15 on check_exact's problems)",
         (Patch(multi_draft, "recursive_rejection", RECURSIVE_TEST + RESIDUAL_UPDATE, """
-            if r < min(1.0, float(q[token]) / float(p_prime[token])):  # (bug) every candidate against q itself
+            if accepts(r, q, p_prime, token):  # (bug) every candidate against q itself
                 return i, residual
             residual = next_residual(q, p_prime)  # (bug) the residual of q, never of the last residual
             """),),
@@ -148,26 +150,16 @@ def typical_acceptance_sampling(x, draft_model, target_model, N, K, rng=None, *,
     follow p. At temperature 0 it is greedy decoding (only the argmax exceeds the threshold).
     """
     settings = SamplingSettings(temperature, top_k, top_p)
-    check_K(K)
-    x, rng, stats, progress = prepare(x, N, [draft_model, target_model], rng, stats, progress)
-    n = len(x)
-    T = n + N
-    while n < T:
-        K_n = min(K, T - n - 1)
-        stats.loops += 1
-        drafts, p = draw_drafts(draft_model, x, K_n, settings, rng, stats)
-        K_n = len(drafts)
-        stats.drafted += K_n
-        q = timed_probs(target_model, np.append(x, drafts), K_n + 1, settings, stats, "target")
+
+    def one_loop(x, K_n, rng, stats):  # -> Loop: the typical drafts, then the target's own token
+        drafts, _ = draw_drafts(draft_model, x, K_n, settings, rng, stats)
+        q = timed_probs(target_model, np.append(x, drafts), len(drafts) + 1, settings, stats, "target")
         t = 0  # keep the drafts while the target finds each typical: no uniform, no ratio, no residual
-        while t < K_n and q[t][drafts[t]] > typical_threshold(q[t], epsilon, delta):
+        while t < len(drafts) and q[t][drafts[t]] > typical_threshold(q[t], epsilon, delta):
             t += 1
-        x = np.append(x, [*drafts[:t], sample(q[t], rng)])  # then the target's own token
-        n += t + 1
-        stats.record_tokens("accepted", t)
-        stats.record_tokens("corrected" if t < K_n else "bonus" if K_n else "target")
-        progress(t + 1)
-    return x
+        return Loop(len(drafts), list(drafts[:t]), sample(q[t], rng), rejected=t < len(drafts))
+
+    return decode(x, [draft_model, target_model], N, K, rng, stats, progress, one_loop)
 
 
 def typical_example():

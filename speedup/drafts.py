@@ -39,13 +39,9 @@ class PromptLookup:
 
     def lookup(self, x, K):  # [n] -> the tokens that followed the latest match of x's last n-gram, at most K
         x = np.asarray(x)
-        for n in range(min(self.max_ngram, len(x) - 1), self.min_ngram - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(x[:-1], n)  # every n-gram that has a successor
-            matches = np.flatnonzero((windows == x[-n:]).all(axis=1))
-            if len(matches):
-                start = matches[-1] + n  # the latest match: the nearest context is the likeliest to repeat
-                return x[start:start + K]
-        return x[:0]
+        starts = continuation_starts(x, self.max_ngram, self.min_ngram)
+        # the latest match: the nearest context is the likeliest to repeat
+        return x[starts[0]:starts[0] + K] if len(starts) else x[:0]
 
     def propose(self, x, K, settings, rng, stats):  # -> drafts [K_n <= K], p [K_n, n_vocab] one-hot
         """sampling.draw_drafts' contract for a draft with propose; a lookup needs no random numbers."""
@@ -57,6 +53,18 @@ class PromptLookup:
 
     def reset(self):
         """Nothing to forget: the lookup reads the whole sequence every time."""
+
+
+def continuation_starts(x, max_ngram, min_ngram):  # [n] -> positions in x, the latest match's first
+    """Where x went on after each earlier occurrence of its last n tokens: n goes from max_ngram down to
+    min_ngram and the first n that matches wins; none matches, none is returned."""
+    x = np.asarray(x)
+    for n in range(min(max_ngram, len(x) - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(x[:-1], n)  # every n-gram that has a successor
+        matches = np.flatnonzero((windows == x[-n:]).all(axis=1))
+        if len(matches):
+            return matches[::-1] + n
+    return np.zeros(0, dtype=np.int64)
 
 
 def copied_fraction(prompt, continuation, n=4):

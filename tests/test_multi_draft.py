@@ -2,6 +2,7 @@
 token, greedy decoding is exact, the law is q (exactly on a toy, by sampling on classroom/lossless's problems),
 and the counters add up."""
 
+import functools
 from fractions import Fraction
 
 import numpy as np
@@ -19,11 +20,8 @@ MODEL_KINDS = [lossless.TableCallable, lossless.CachedTableModel]
 
 
 def with_n_drafts(n_drafts, replacement):
-    """multi_draft with sampling.speculative_sampling's signature (n_drafts sits before rng, so partial cannot)."""
-    def decoder(x, draft_model, target_model, N, K, rng=None, **settings):
-        return multi_draft_speculative_sampling(x, draft_model, target_model, N, K, n_drafts, rng,
-                                                replacement=replacement, **settings)
-    return decoder
+    """multi_draft with sampling.speculative_sampling's signature: n_drafts and replacement bound by keyword."""
+    return functools.partial(multi_draft_speculative_sampling, n_drafts=n_drafts, replacement=replacement)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +37,7 @@ def test_one_draft_is_speculative_sampling_token_for_token(kind, replacement):
             expected_stats, stats = SpeculativeStats(), SpeculativeStats()
             expected = sampling.speculative_sampling([2, 0], kind(DRAFT), kind(TARGET), 9, 3, seed,
                                                      temperature=temperature, top_p=top_p, stats=expected_stats)
-            got = multi_draft_speculative_sampling([2, 0], kind(DRAFT), kind(TARGET), 9, 3, 1, seed,
+            got = multi_draft_speculative_sampling([2, 0], kind(DRAFT), kind(TARGET), 9, 3, seed, n_drafts=1,
                                                    replacement=replacement, temperature=temperature, top_p=top_p,
                                                    stats=stats)
             assert got.tolist() == expected.tolist()
@@ -53,7 +51,7 @@ def test_greedy_equals_autoregressive_on_tables(replacement):
         for n_drafts in (1, 2, 3):
             for prompt, K in [((2, 0), 1), ((0,), 3), ((3, 3, 1), 5)]:
                 expected = sampling.autoregressive_sampling(prompt, kind(TARGET), 8, temperature=0)
-                got = multi_draft_speculative_sampling(prompt, kind(DRAFT), kind(TARGET), 8, K, n_drafts, K,
+                got = multi_draft_speculative_sampling(prompt, kind(DRAFT), kind(TARGET), 8, K, K, n_drafts=n_drafts,
                                                        replacement=replacement, temperature=0)
                 assert got.tolist() == expected.tolist()
 
@@ -64,7 +62,7 @@ def test_greedy_equals_autoregressive_on_the_bundled_pair(bundled_pair):
     for n_drafts in (1, 2, 3):
         for replacement in (True, False):
             stats = SpeculativeStats()
-            got = multi_draft_speculative_sampling(prompt, draft, target, 16, 4, n_drafts, 0, replacement=replacement,
+            got = multi_draft_speculative_sampling(prompt, draft, target, 16, 4, 0, n_drafts=n_drafts, replacement=replacement,
                                                    temperature=0, stats=stats)
             assert got.tolist() == expected.tolist()
             assert stats.accepted > 0
@@ -81,7 +79,7 @@ def test_a_perfect_draft_gives_K_plus_1_tokens_per_target_call():
     for replacement in (True, False):  # several drafts: stats count one call per loop, as a batched engine makes
         stats = SpeculativeStats()
         out = multi_draft_speculative_sampling([2, 0], lossless.TableCallable(TARGET), lossless.TableCallable(TARGET),
-                                               24, 3, 3, 0, replacement=replacement, stats=stats)
+                                               24, 3, 0, n_drafts=3, replacement=replacement, stats=stats)
         assert len(out) == 26 and stats.target_calls == stats.loops == 6 and stats.accepted == 18
 
 
@@ -134,7 +132,7 @@ def test_drafts_without_replacement_start_with_distinct_tokens_drawn_from_the_re
 def test_the_counters_add_up(replacement):
     stats = SpeculativeStats()
     out = multi_draft_speculative_sampling([1, 3], lossless.CachedTableModel(DRAFT), lossless.CachedTableModel(TARGET),
-                                           40, 3, 3, 5, replacement=replacement, stats=stats)
+                                           40, 3, 5, n_drafts=3, replacement=replacement, stats=stats)
     assert len(out) == 42 and stats.generated == 40
     assert stats.loops == stats.target_calls == len(stats.origins) - stats.origins.count("accepted")
     assert stats.accepted == stats.origins.count("accepted") > 0 and stats.rejected > 0
@@ -148,9 +146,10 @@ def test_the_counters_add_up(replacement):
 def test_bad_n_drafts_raise_value_error(n_drafts):
     with pytest.raises(ValueError, match="n_drafts"):
         multi_draft_speculative_sampling([2, 0], lossless.TableCallable(DRAFT), lossless.TableCallable(TARGET), 4, 2,
-                                         n_drafts)
+                                         n_drafts=n_drafts)
 
 
 def test_bad_K_raises_value_error():
     with pytest.raises(ValueError, match="K must be"):
-        multi_draft_speculative_sampling([2, 0], lossless.TableCallable(DRAFT), lossless.TableCallable(TARGET), 4, 0, 2)
+        multi_draft_speculative_sampling([2, 0], lossless.TableCallable(DRAFT), lossless.TableCallable(TARGET), 4, 0,
+                                         n_drafts=2)

@@ -2,6 +2,8 @@
 sampled trees are multi_draft token for token, greedy decoding is exact, every way of growing the tree is
 lossless, one target call per loop."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -28,10 +30,7 @@ class CountedTreeModel(lossless.CachedTableModel):
 
 def tree_decoder(n_drafts, drafts, replacement=False):
     """tree_speculative_sampling with speculative_sampling's signature (cached targets score the tree in one call)."""
-    def decoder(x, draft_model, target_model, N, K, rng=None, **settings):
-        return tree_speculative_sampling(x, draft_model, target_model, N, K, n_drafts, rng, drafts=drafts,
-                                         replacement=replacement, **settings)
-    return decoder
+    return functools.partial(tree_speculative_sampling, n_drafts=n_drafts, drafts=drafts, replacement=replacement)
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +66,11 @@ def test_a_sampled_tree_is_multi_draft_token_for_token(target_kind):
     for seed in range(8):
         for replacement, n_drafts in [(True, 3), (False, 3), (False, 1)]:
             expected_stats, stats = SpeculativeStats(), SpeculativeStats()
-            expected = multi_draft_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3,
-                                                        n_drafts, seed,
-                                                        replacement=replacement, stats=expected_stats)
-            got = tree_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3, n_drafts, seed,
-                                            replacement=replacement, stats=stats)
+            expected = multi_draft_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3, seed,
+                                                        n_drafts=n_drafts, replacement=replacement,
+                                                        stats=expected_stats)
+            got = tree_speculative_sampling([2, 0], target_kind(DRAFT), target_kind(TARGET), 10, 3, seed,
+                                            n_drafts=n_drafts, replacement=replacement, stats=stats)
             assert got.tolist() == expected.tolist()
             assert stats.origins == expected_stats.origins and stats.drafted == expected_stats.drafted
 
@@ -91,8 +90,8 @@ def test_greedy_equals_autoregressive_on_the_bundled_pair(bundled_pair):
     expected = sampling.autoregressive_sampling(prompt, target, 12, temperature=0)
     for drafts, n_drafts in [("sampled", 3), ("top_k", 2), ("lookup", 3)]:
         stats = SpeculativeStats()
-        got = tree_speculative_sampling(prompt, draft, target, 12, 3, n_drafts, 0, drafts=drafts, temperature=0,
-                                        stats=stats)
+        got = tree_speculative_sampling(prompt, draft, target, 12, 3, 0, n_drafts=n_drafts, drafts=drafts,
+                                        temperature=0, stats=stats)
         assert got.tolist() == expected.tolist()
         assert stats.target_calls == stats.loops
         assert stats.accepted > 0 or drafts == "lookup"
@@ -107,7 +106,8 @@ def test_check_lossless_passes(drafts, n_drafts, replacement):
 def test_one_target_call_per_loop_and_K_plus_1_tokens_from_a_perfect_draft():
     assert lossless.check_tokens_per_call(tree_decoder(1, "sampled")).passed  # it counts the model's calls
     target, stats = CountedTreeModel(TARGET), SpeculativeStats()
-    out = tree_speculative_sampling([2, 0], lossless.CachedTableModel(TARGET), target, 24, 3, 3, 0, stats=stats)
+    out = tree_speculative_sampling([2, 0], lossless.CachedTableModel(TARGET), target, 24, 3, 0, n_drafts=3,
+                                    stats=stats)
     assert len(out) == 26 and target.tree_calls == stats.target_calls == stats.loops == 6 and stats.accepted == 18
 
 
@@ -141,4 +141,4 @@ def test_bad_inputs_raise_value_error(bad, match):
     arguments = dict(K=2, n_drafts=2, drafts="sampled") | bad
     with pytest.raises(ValueError, match=match):
         tree_speculative_sampling([2, 0], lossless.TableCallable(DRAFT), lossless.TableCallable(TARGET), 4,
-                                  arguments["K"], arguments["n_drafts"], drafts=arguments["drafts"])
+                                  arguments["K"], n_drafts=arguments["n_drafts"], drafts=arguments["drafts"])

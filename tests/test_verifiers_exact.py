@@ -2,6 +2,8 @@
 tables (every draft, every choice of its random numbers) and finds the target's, up to float32 rounding, with no
 output of target probability zero reachable. Its bugs are failed in tests/test_verifier_zoo.py."""
 
+import functools
+
 import pytest
 
 from classroom import exact_law
@@ -10,10 +12,8 @@ from verifiers.multi_draft import multi_draft_speculative_sampling
 from verifiers.tree import tree_speculative_sampling
 
 
-def with_drafts(decoder, n_drafts, **keywords):  # n_drafts sits before rng: bind it, keep the checker's signature
-    def run(x, draft_model, target_model, N, K, rng=None, **settings):
-        return decoder(x, draft_model, target_model, N, K, n_drafts, rng, **keywords, **settings)
-    return run
+def with_drafts(decoder, n_drafts, **keywords):  # n_drafts and the rest bound by keyword: the checker's signature
+    return functools.partial(decoder, n_drafts=n_drafts, **keywords)
 
 
 DECODERS = {

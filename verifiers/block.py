@@ -31,34 +31,24 @@ import math
 
 import numpy as np
 
-from sampling import SamplingSettings, check_K, draw_drafts, max_fn, prepare, sample, timed_probs
+from sampling import SamplingSettings, draw_drafts, max_fn, sample, timed_probs
+from verifiers.loop import Loop, decode
 
 
 def block_speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, temperature=1.0, top_k=0,
                                top_p=1.0, stats=None, progress=None):
     """Speculative sampling with block verification: sampling.speculative_sampling's contract and stats."""
     settings = SamplingSettings(temperature, top_k, top_p)
-    check_K(K)
-    x, rng, stats, progress = prepare(x, N, [draft_model, target_model], rng, stats, progress)
-    n = len(x)  # initialise n <- t, the prompt's length
-    T = n + N
-    while n < T:
-        K_n = min(K, T - n - 1)  # as in speculative_sampling: at most T - n tokens, never past T
-        stats.loops += 1
+
+    def one_loop(x, K_n, rng, stats):  # -> Loop: x~_1..x~_tau kept, then one token the target stands behind
         # draft x~_1..x~_K ~ p auto-regressively, with the distributions p_0..p_{K-1} they came from
         drafts, p = draw_drafts(draft_model, x, K_n, settings, rng, stats)
-        K_n = len(drafts)  # a draft that is not a model may propose fewer; none makes a plain step
-        stats.drafted += K_n
         # in parallel, q_0..q_K: the target's distributions after x and after each draft, one call
-        q = timed_probs(target_model, np.append(x, drafts), K_n + 1, settings, stats, "target")
+        q = timed_probs(target_model, np.append(x, drafts), len(drafts) + 1, settings, stats, "target")
         tau, next_token_probs = verify_block(drafts, p, q, rng)
-        x = np.append(x, drafts[:tau])  # keep x~_1..x~_tau
-        x = np.append(x, sample(next_token_probs, rng))  # and one token the target stands behind
-        n += tau + 1
-        stats.record_tokens("accepted", tau)
-        stats.record_tokens("corrected" if tau < K_n else "bonus" if K_n else "target")
-        progress(tau + 1)
-    return x
+        return Loop(len(drafts), list(drafts[:tau]), sample(next_token_probs, rng), rejected=tau < len(drafts))
+
+    return decode(x, [draft_model, target_model], N, K, rng, stats, progress, one_loop)
 
 
 def verify_block(drafts, p, q, rng):  # -> tau, the distribution of the token after x~_1..x~_tau
@@ -88,8 +78,9 @@ def block_weights(drafts, p, q):  # -> b [K + 1], h [K + 1] (h_0 is never used: 
     h = [1.0] * (K + 1)
     for i in range(1, K):
         r = float(np.maximum(b[i] * q[i] - p[i], 0).sum())  # r_i = sum_v (b_i q_i(v) - p_i(v))+
-        # h_i = r_i / (r_i + 1 - b_i); with nothing left to draw from (r_i = 0) never stop at i. The paper's
-        # 0 / 0 (b_i = 1, q_i = p_i) is moot: every later b is then 1, h_K = 1 and tau = K
+        # h_i = r_i / (r_i + 1 - b_i); with nothing left to draw from (r_i = 0) never stop at i. That covers the
+        # paper's 0 / 0 (b_i = 1, q_i = p_i) too: the residual is empty there, so the block cannot end at i; the
+        # later drafts' tests decide (their b may still fall below 1)
         h[i] = r / (r + 1 - b[i]) if r > 0 else 0.0
     h[K] = b[K]  # h_K = b_K: keep the whole block with the weight it has left
     return b, h

@@ -19,58 +19,29 @@ the last residual and the loop ends; if one is accepted, the drafts that share i
 Either way the output follows q exactly: at a position the i-th candidate was drawn from p'_i, and a rejection
 step with target q'_i, proposal p'_i and, when it rejects, a draw from norm((q'_i - p'_i)+) yields q'_i; the
 recursion replaces that last draw by the same step one candidate on (Jeon et al.'s recursive rejection sampling).
-verifiers/tree.py scores the drafts as one token tree.
+This file holds the rules: how the drafts are drawn, and the recursive rejection at one position. The loop is
+verifiers/tree.py's, which merges the drafts into a token tree and scores it in one target call.
 """
-
-import time
 
 import numpy as np
 
-from sampling import (SamplingSettings, check_K, draw_drafts, is_integer, max_fn, next_token_probs, prepare,
-                      sample)
+from sampling import accepts, draw_drafts, is_integer, max_fn, sample
 
 
-def multi_draft_speculative_sampling(x, draft_model, target_model, N, K, n_drafts, rng=None, *, replacement=False,
+def multi_draft_speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, n_drafts=3, replacement=False,
                                      temperature=1.0, top_k=0, top_p=1.0, stats=None, progress=None):
     """Draft n_drafts sequences of K tokens, keep the longest path the target accepts by recursive rejection.
 
     replacement=True: SpecInfer's independent drafts; False: RSD's drafts with distinct first tokens. With
-    n_drafts=1 both are sampling.speculative_sampling, token for token for the same seed. stats counts one
-    target call per loop, as a batched engine scores the drafts (one row each) in one call; this reference
-    scores the distinct drafts one after the other, so on a CPU its scoring takes up to n_drafts times as
-    long. stats.drafted counts every drafted token, stats.accepted the accepted ones.
+    n_drafts=1 both are sampling.speculative_sampling, token for token for the same seed. The drafts, merged
+    where they share a prefix, are a token tree: this is verifiers/tree.py's decoder with drafts="sampled" (the
+    same candidates in the same order, so the same tokens and stats), which scores them in one target call.
+    stats.drafted counts every drafted token, stats.accepted the accepted ones.
     """
-    settings = SamplingSettings(temperature, top_k, top_p)
-    check_K(K)
-    check_n_drafts(n_drafts)
-    x, rng, stats, progress = prepare(x, N, [draft_model, target_model], rng, stats, progress)
-    n = len(x)  # initialise n <- t, the prompt's length
-    T = n + N
-    while n < T:
-        K_n = min(K, T - n - 1)  # as in speculative_sampling: never past T
-        stats.loops += 1
-        # n_drafts drafts of K_n tokens, with the distribution each token was drawn from
-        draw = draw_independent_drafts if replacement else draw_distinct_drafts
-        drafts, p = draw(draft_model, x, K_n, n_drafts, settings, rng, stats)
-        stats.drafted += sum(len(draft) for draft in drafts)
-        # q after x and after each token of every draft: one target call in a batched engine
-        q = score_drafts(target_model, x, drafts, settings, stats)
-        accepted = []  # the tokens accepted this loop, a prefix of one or more drafts
-        while True:
-            t = len(accepted)
-            agreeing = [i for i, draft in enumerate(drafts) if list(draft[:t]) == accepted]
-            candidates = [i for i in agreeing if len(drafts[i]) > t]  # drafts with a token at position t
-            choice, residual = recursive_rejection([drafts[i][t] for i in candidates],
-                                                   [p[i][t] for i in candidates], q[agreeing[0]][t], rng)
-            if choice is None:  # every candidate rejected (or none left): x_{n+1} ~ the last residual
-                break
-            accepted.append(int(drafts[candidates[choice]][t]))  # accept: x_{n+1} <- the candidate
-            stats.record_tokens("accepted")
-        x = np.append(x, [*accepted, sample(residual, rng)])
-        stats.record_tokens("corrected" if candidates else "bonus" if t else "target")
-        n += t + 1
-        progress(t + 1)
-    return x
+    from verifiers.tree import tree_speculative_sampling  # imported here: tree.py builds on this module's rules
+    return tree_speculative_sampling(x, draft_model, target_model, N, K, rng, n_drafts=n_drafts,
+                                     replacement=replacement, drafts="sampled", temperature=temperature, top_k=top_k,
+                                     top_p=top_p, stats=stats, progress=progress)
 
 
 def check_n_drafts(n_drafts):
@@ -108,23 +79,12 @@ def without(p, token):  # [n_vocab] -> [n_vocab], or None where nothing is left
     return rest / total if total > 0 else None
 
 
-def score_drafts(target_model, x, drafts, settings, stats):  # -> per draft, q [len(draft) + 1, n_vocab]
-    """The target's q after x and after each drafted token, each distinct draft scored once; one call in stats."""
-    start = time.perf_counter()
-    scored = {}
-    for draft in drafts:
-        if tuple(draft) not in scored:  # a cached model rolls back to x between drafts
-            scored[tuple(draft)] = next_token_probs(target_model, np.append(x, draft), len(draft) + 1, settings)
-    stats.record_call("target", time.perf_counter() - start)
-    return [scored[tuple(draft)] for draft in drafts]
-
-
 def recursive_rejection(candidates, p_rows, q, rng):  # -> (the accepted candidate's index or None, the residual)
     """One position: try each candidate c (drawn from its p') against the residual q', starting from q' = q."""
     residual = q
     for i, (token, p_prime) in enumerate(zip(candidates, p_rows)):
         r = rng.random()  # r ~ U[0, 1]
-        if r < min(1.0, float(residual[token]) / float(p_prime[token])):  # strict: r = 0 never takes q'(c) = 0
+        if accepts(r, residual, p_prime, token):  # Algorithm 2's test, against q' and p'
             return i, residual
         residual = next_residual(residual, p_prime)  # rejected: the next candidate aims at (q' - p')+
     return None, residual

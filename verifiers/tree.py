@@ -12,8 +12,7 @@ from the residual. `target_model.keep_tree_path(nodes)` then keeps the accepted 
 
 How the tree grows (`drafts`):
 - "sampled": multi_draft's n_drafts drafts (replacement as there), a candidate per draft through a node, a token
-  drafted twice tried twice, in draft order: the output law of multi_draft_speculative_sampling and, for the same
-  seed, its tokens.
+  drafted twice tried twice, in draft order: multi_draft_speculative_sampling is this mode.
 - "top_k": EAGLE's drafts: each node's children are the n_drafts most likely tokens of the draft model's p there
   (tokens of probability zero left out), to depth K: at most n_drafts + n_drafts^2 + ... + n_drafts^K nodes and
   one draft step per inner node.
@@ -27,54 +26,53 @@ import time
 
 import numpy as np
 
-from sampling import (SamplingSettings, check_K, logits_to_probs, next_token_probs, one_hot, prepare, sample,
-                      timed_probs)
+from sampling import SamplingSettings, logits_to_probs, next_token_probs, one_hot, sample, timed_probs
+from speedup.drafts import continuation_starts
+from verifiers.loop import Loop, decode
 from verifiers.multi_draft import check_n_drafts, draw_distinct_drafts, draw_independent_drafts, recursive_rejection
 
 DRAFTS = ("sampled", "top_k", "lookup")
 
 
-def tree_speculative_sampling(x, draft_model, target_model, N, K, n_drafts, rng=None, *, replacement=False,
+def tree_speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, n_drafts=3, replacement=False,
                               drafts="sampled", temperature=1.0, top_k=0, top_p=1.0, stats=None, progress=None):
-    """Grow a token tree of depth K (see the module's docstring for `drafts`), score it in one target call,
-    keep the path recursive rejection accepts.
+    """Grow a token tree of depth K (see the module's docstring for `drafts`; n_drafts drafts or children per
+    node), score it in one target call, keep the path recursive rejection accepts.
 
     A target with tree_logits scores the tree in one forward pass; any other model (either of sampling's
     contracts) scores each root-to-leaf path in turn, counted as one call in stats all the same.
     stats.drafted counts the drafted tokens ("sampled": every draft's; otherwise the tree's nodes).
     """
     settings = SamplingSettings(temperature, top_k, top_p)
-    check_K(K)
     check_n_drafts(n_drafts)
     if drafts not in DRAFTS:
         raise ValueError(f"drafts must be one of {', '.join(DRAFTS)}, got {drafts!r}")
-    x, rng, stats, progress = prepare(x, N, [draft_model, target_model], rng, stats, progress)
-    n = len(x)  # initialise n <- t, the prompt's length
-    T = n + N
-    while n < T:
-        K_n = min(K, T - n - 1)  # as in speculative_sampling: never past T
-        stats.loops += 1
-        tree = grow_tree(drafts, draft_model, x, K_n, n_drafts, replacement, settings, rng, stats)
+
+    def one_loop(x, K_n, rng, stats):  # -> Loop: the accepted path's tokens, then one from the last residual
+        tree, drafted = grow_tree(drafts, draft_model, x, K_n, n_drafts, replacement, settings, rng, stats)
         # q after x and after every node, in one call: row 0 after x, row 1 + i after node i
         q = score_tree(target_model, x, tree.tokens, tree.parents, settings, stats)
-        node, accepted = -1, []  # start at x's last token
-        while True:
-            children = [child for child, _ in tree.candidates[node]]
-            p_rows = [one_hot(tree.tokens[child], q.shape[-1]) if p_prime is None else p_prime
-                      for child, p_prime in tree.candidates[node]]
-            choice, residual = recursive_rejection([tree.tokens[child] for child in children], p_rows, q[node + 1], rng)
-            if choice is None:  # every child rejected (or a leaf): x_{n+1} ~ the last residual
-                break
-            node = children[choice]  # accept: x_{n+1} <- the child's token, and walk down to it
-            accepted.append(node)
-            stats.record_tokens("accepted")
+        path, residual, rejected = walk(tree, q, rng)
         if hasattr(target_model, "tree_logits"):
-            target_model.keep_tree_path(accepted)  # the accepted nodes' keys and values stay in the cache
-        x = np.append(x, [*(tree.tokens[i] for i in accepted), sample(residual, rng)])
-        stats.record_tokens("corrected" if children else "bonus" if accepted else "target")
-        n += len(accepted) + 1
-        progress(len(accepted) + 1)
-    return x
+            target_model.keep_tree_path(path)  # the accepted nodes' keys and values stay in the cache
+        return Loop(drafted, [tree.tokens[node] for node in path], sample(residual, rng), rejected)
+
+    return decode(x, [draft_model, target_model], N, K, rng, stats, progress, one_loop)
+
+
+def walk(tree, q, rng):  # -> the accepted nodes, the residual to draw the next token from, whether a child failed
+    """Down from x (node -1): a node's children are tried in turn by recursive rejection; the first accepted is
+    the next node (x_{n+1} <- its token); when every child is rejected, or at a leaf, the walk ends."""
+    node, path = -1, []
+    while True:
+        children = [child for child, _ in tree.candidates[node]]
+        p_rows = [one_hot(tree.tokens[child], q.shape[-1]) if p_prime is None else p_prime
+                  for child, p_prime in tree.candidates[node]]
+        choice, residual = recursive_rejection([tree.tokens[child] for child in children], p_rows, q[node + 1], rng)
+        if choice is None:
+            return path, residual, bool(children)
+        node = children[choice]
+        path.append(node)
 
 
 class TokenTree:
@@ -115,20 +113,18 @@ class TokenTree:
         return child
 
 
-def grow_tree(drafts, draft_model, x, K, n_drafts, replacement, settings, rng, stats):  # -> TokenTree
-    """The tree of one loop, the drafted tokens counted in stats."""
+def grow_tree(drafts, draft_model, x, K, n_drafts, replacement, settings, rng, stats):  # -> TokenTree, drafted
+    """The tree of one loop, and how many tokens were drafted for it."""
     if drafts == "sampled":
         draw = draw_independent_drafts if replacement else draw_distinct_drafts
         sampled, p = draw(draft_model, x, K, n_drafts, settings, rng, stats)
         tree = TokenTree()
         for draft, p_draft in zip(sampled, p):
             tree.add_draft(draft, p_draft)
-        stats.drafted += sum(len(draft) for draft in sampled)
-        return tree
+        return tree, sum(len(draft) for draft in sampled)
     tree = top_k_tree(draft_model, x, K, n_drafts, settings, stats) if drafts == "top_k" else \
         lookup_tree(x, K, n_drafts, stats)
-    stats.drafted += len(tree.tokens)
-    return tree
+    return tree, len(tree.tokens)
 
 
 def top_k_tree(draft_model, x, depth, k, settings, stats):  # -> TokenTree
@@ -160,21 +156,17 @@ def lookup_tree(x, depth, m, stats, max_ngram=3, min_ngram=1):  # -> TokenTree
 
 
 def lookup_continuations(x, K, m, max_ngram=3, min_ngram=1):  # -> up to m tuples of at most K tokens
-    """What followed the m latest distinct earlier occurrences of x's last n tokens, latest first; n goes from
-    max_ngram down to min_ngram and the first n that matches wins, as in speedup/drafts.PromptLookup."""
+    """What followed the m latest distinct earlier occurrences of x's last n tokens, latest first: the matches
+    of speedup/drafts.PromptLookup, which keeps only the latest."""
     x = np.asarray(x)
-    for n in range(min(max_ngram, len(x) - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(x[:-1], n)  # every n-gram that has a successor
-        continuations = []
-        for start in np.flatnonzero((windows == x[-n:]).all(axis=1))[::-1] + n:  # the nearest match first
-            continuation = tuple(int(token) for token in x[start:start + K])
-            if continuation and continuation not in continuations:
-                continuations.append(continuation)
-            if len(continuations) == m:
-                break
-        if continuations:
-            return continuations
-    return []
+    continuations = []
+    for start in continuation_starts(x, max_ngram, min_ngram):
+        continuation = tuple(int(token) for token in x[start:start + K])
+        if continuation and continuation not in continuations:
+            continuations.append(continuation)
+        if len(continuations) == m:
+            break
+    return continuations
 
 
 def score_tree(target_model, x, tokens, parents, settings, stats):  # -> q [len(tokens) + 1, n_vocab] float32
