@@ -6,9 +6,8 @@ alike. Verifiers (names for --verifiers):
 
 - token: Algorithm 2's token-by-token verification (sampling.speculative_sampling);
 - block: block verification (verifiers/block.py, Sun et al. 2024);
-- multiN: N drafts by recursive rejection, drawn without replacement (verifiers/multi_draft.py, RSD), their
-  rows scored one after the other on this CPU and counted as one target call, as a batched engine runs them;
-  multiNr: drawn with replacement (SpecInfer);
+- multiN: N drafts by recursive rejection, drawn without replacement (verifiers/multi_draft.py, RSD), run by
+  the tree's loop (the same tokens as treeN); multiNr: drawn with replacement (SpecInfer);
 - treeN (treeNr): the same N drafts as one token tree, scored in one target call (verifiers/tree.py);
 - topkN: a tree of the draft's N most likely tokens at every node, to depth K (EAGLE's drafts, one-hot rule).
 

@@ -4,10 +4,10 @@ Every bug here appeared in a public implementation (the issue or pull request is
 survives a casual look: the text still reads well, and most runs look like any other. Each is kept as a
 small patch of the reference source, not as a copy of the algorithm: `Variant.decoder()` takes the
 current source of sampling.py's functions (or of gpt2.cache_resume, the rollback decision every cached
-model goes through, or of a verifier in verifiers/), replaces the named lines and compiles the result
-beside the module, so the zoo always tests today's reference with one mistake in it. A patch whose lines
-no longer appear in the reference raises StalePatch, naming the bug and the lines, instead of testing stale
-code. `Variant.diff()` shows a patch as a unified diff against the real file. The verifiers' bugs are in
+model goes through, or of a verifier in verifiers/), replaces the named code lines (comments are never an
+anchor, so rewording one breaks no patch) and compiles the result beside the module, so the zoo always tests
+today's reference with one mistake in it. A patch whose lines no longer appear in the reference raises
+StalePatch, naming the bug and the lines, instead of testing stale code. `Variant.diff()` shows a patch as a unified diff against the real file. The verifiers' bugs are in
 classroom/verifier_zoo.py.
 
 lossless.check_lossless tells every bug from the reference (tests/test_bug_zoo.py proves it), except the

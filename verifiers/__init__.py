@@ -9,9 +9,11 @@ The draft-then-verify loop stays; the rule that decides which drafted tokens the
 - tree.py: the same rule over a token tree that the target scores in one call (SpecInfer; Medusa and EAGLE's
   tree attention), with top-k one-hot children and prompt lookup with several matches as trees.
 
-Each decoder has sampling.speculative_sampling's contract (both model contracts, the same stats) and reuses
-sampling.py's primitives (sample, max_fn, next_token_probs, draw_drafts). classroom/exact_law.py proves each
-exact on small tables; classroom/lossless.py checks each by sampling.
+Each decoder has sampling.speculative_sampling's contract (both model contracts, the same stats; n_drafts and
+the other settings by keyword), runs loop.py's draft-then-verify loop with its own rule, and reuses sampling.py's
+primitives (accepts, sample, max_fn, next_token_probs, draw_drafts). multi_draft_speculative_sampling is tree.py's
+decoder with sampled drafts. classroom/exact_law.py proves each exact on small tables; classroom/lossless.py checks
+each by sampling.
 """
 
 from verifiers.block import block_speculative_sampling  # noqa: F401 (re-exported: from verifiers import ...)
