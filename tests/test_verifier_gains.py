@@ -1,4 +1,4 @@
-"""bench/verifiers.py on the bundled pair, at a size for the test suite: every verifier runs, greedy tokens equal
+"""bench/verifier_gains.py on the bundled pair, at a size for the test suite: every verifier runs, greedy tokens equal
 the autoregressive ones (the bench stops otherwise), and the gains are computed from the pooled counters."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.verifiers import decoder_for, gains
+from bench.verifier_gains import decoder_for, gains
 from conftest import REPO
 
 
@@ -27,7 +27,7 @@ def test_gains_are_ratios_of_tokens_per_target_call():
 
 
 def test_a_small_run_of_every_kind_of_verifier():
-    command = [sys.executable, str(REPO / "bench" / "verifiers.py"), "--n_prompts", "1", "--seeds", "1",
+    command = [sys.executable, str(REPO / "bench" / "verifier_gains.py"), "--n_prompts", "1", "--seeds", "1",
                "--n_tokens", "8", "--K", "2", "--temperature", "0,1", "--heldout", "tests/fixtures/heldout_sample.txt",
                "--verifiers", "token,block,multi2,multi2r,tree2,topk2"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)

@@ -16,8 +16,8 @@ median over prompts and seeds of autoregressive seconds / the verifier's seconds
 verifier's tokens must equal the autoregressive ones. `gains` compares, at each temperature and K, block
 with token verification and N drafts with one.
 
-    python bench/verifiers.py                                     # T 0 and 1, K 2, 4, 8, 16 prompts x 2 seeds
-    python bench/verifiers.py --temperature 1 --K 4 --verifiers token,block,multi3
+    python bench/verifier_gains.py                                     # T 0 and 1, K 2, 4, 8, 16 prompts x 2 seeds
+    python bench/verifier_gains.py --temperature 1 --K 4 --verifiers token,block,multi3
 
 Prints one JSON line per temperature and K as it goes, then one JSON object as its last line.
 """
