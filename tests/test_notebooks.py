@@ -114,7 +114,8 @@ def test_decoding_notebook_cache_and_processing():
     assert checks["cache_gives_same_tokens"] and checks["own_loop_matches_library"]
     assert checks["top_k_keeps_k"] and checks["top_p_is_smallest_set_over_p"]
     hparams = json.loads(PAIR[0].read_text())  # the cache at full context: 2 x n_layer x n_embd float32 per token
-    assert checks["kv_cache_bytes_full_context_target"] == hparams["n_ctx"] * 2 * hparams["n_layer"] * hparams["n_embd"] * 4
+    per_token = 2 * hparams["n_layer"] * hparams["n_embd"] * 4
+    assert checks["kv_cache_bytes_full_context_target"] == hparams["n_ctx"] * per_token
 
 
 @on_its_notebooks_worker("3_speculative_step_by_step.ipynb")
