@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.threads import openblas_call
+from engine.threads import openblas_call, usable_cores
 
 
 def cpu_model(cpuinfo_path="/proc/cpuinfo"):
@@ -50,3 +50,22 @@ def blas_info():
     info["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
     info["threads"] = openblas_call("get_num_threads", ctypes.c_int)
     return info
+
+
+def instruction_set(flags):
+    """The widest vector instructions among the CPU's flags that decide which BLAS kernels can run."""
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("asimd", "NEON")):
+        if flag in flags:
+            return name
+    return platform.machine() or "unknown"
+
+
+def machine_line(cpuinfo_path="/proc/cpuinfo"):
+    """One line naming what a timing ran on, the same for every notebook run on one machine, e.g.
+    'machine: AMD EPYC (family 25, model 17, AVX-512), scipy-openblas 0.3.31 SkylakeX kernels, 2 cores'."""
+    name, isa = cpu_model(cpuinfo_path), instruction_set(cpu_flags(cpuinfo_path))
+    cpu = name[:-1] + f", {isa})" if name.endswith(")") else f"{name} ({isa})"
+    blas = blas_info()
+    kernels = f" {blas['kernels']} kernels" if blas["kernels"] else ""
+    forced = f" (OPENBLAS_CORETYPE={blas['OPENBLAS_CORETYPE']})" if blas["OPENBLAS_CORETYPE"] else ""
+    return f"machine: {cpu}, {blas['name']} {blas['version']}{kernels}{forced}, {usable_cores()} cores"

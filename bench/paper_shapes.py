@@ -1,7 +1,9 @@
-"""The paper's setup on this CPU: GPT-2 124M drafting for 355M, 774M and 1558M, GPT-2's real shapes, random weights.
+"""GPT-2 124M drafting for 355M, 774M and 1558M on this CPU, GPT-2's real shapes, random weights.
 
-Chen et al. pair a small draft with a target many times its size; on a CPU the target's decode step is bound by
-reading its weights from memory, so scoring K + 1 tokens can cost about one step. This measures, with no
+The 124M -> 1558M pairing is the reference re-implementation's (jaymody/speculative-sampling), not Chen et al.'s,
+who drafted for Chinchilla 70B; like theirs it pairs a small draft with a target many times its size: on a CPU
+the target's decode step is bound by reading its weights from memory, so scoring K + 1 tokens can cost about
+one step. This measures, with no
 download (random weights of OpenAI's shapes, float32), for each target at one thread and at every core:
 
 - the target's decode step against the read roofline (its weights over the fastest any way of multiplying

@@ -250,6 +250,17 @@ def test_machine_names_the_cpu_family(tmp_path):
     assert machine.cpu_model(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, never an error
 
 
+def test_machine_line_names_the_vector_instructions_the_kernels_and_the_cores(tmp_path):
+    """The line every timing notebook prints first: two runs on one machine print the same line."""
+    machine = load_bench("machine")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("cpu family\t: 23\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    line = machine.machine_line(cpuinfo)
+    assert line.startswith("machine: AMD EPYC (family 23, model 1, AVX2), ") and line.endswith(" cores")
+    assert line == machine.machine_line(cpuinfo)
+    assert machine.instruction_set({"avx2", "avx512f"}) == "AVX-512" and machine.instruction_set({"asimd"}) == "NEON"
+
+
 def run_batch_bench(*args):
     completed = subprocess.run([sys.executable, str(REPO / "bench" / "batch.py"), *args], capture_output=True,
                                text=True, timeout=300, cwd=REPO)

@@ -9,6 +9,7 @@ import base64
 import functools
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,11 @@ NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_specul
              "7_bugs_that_look_right.ipynb", "8_batching_and_speculation.ipynb", "9_exercises.ipynb",
              "10_beyond_algorithm_2.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
+# the notebooks that time anything: their committed outputs must come from one machine, named in their first output
+TIMING_NOTEBOOKS = ["2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb", "5_when_it_pays.ipynb",
+                    "6_choosing_K_and_the_draft.ipynb", "8_batching_and_speculation.ipynb",
+                    "10_beyond_algorithm_2.ipynb"]
+QUICK_NOTEBOOKS = ["5_when_it_pays.ipynb", "6_choosing_K_and_the_draft.ipynb"]  # they take NOTEBOOKS_QUICK=1
 
 
 def code_cells(notebook):
@@ -53,11 +59,22 @@ def committed(name):
     return nbformat.read(REPO / "notebooks" / name, as_version=4)
 
 
-@functools.cache
-def executed(name):
+def machine_line_of(notebook):
+    """The 'machine: ...' line of the notebook's first output, or None."""
+    first = next((output for output in outputs(notebook) if output.get("text")), None)
+    lines = [line for line in (first or {}).get("text", "").splitlines() if line.startswith("machine: ")]
+    return lines[0] if lines else None
+
+
+def skip_without_the_pair():
     if not all(path.is_file() for path in PAIR):
         pytest.skip("the bundled pair models/teach-target and models/teach-draft is missing "
                     "(python tools/train_pair.py writes it)")
+
+
+@functools.cache
+def executed(name):
+    skip_without_the_pair()
     return make_notebooks.execute(REPO / "notebooks" / name)
 
 
@@ -96,6 +113,9 @@ def test_decoding_notebook_cache_and_processing():
     checks = checks_of(executed("2_decoding_and_kv_cache.ipynb"))
     assert checks["cache_gives_same_tokens"] and checks["own_loop_matches_library"]
     assert checks["top_k_keeps_k"] and checks["top_p_is_smallest_set_over_p"]
+    hparams = json.loads(PAIR[0].read_text())  # the cache at full context: 2 x n_layer x n_embd float32 per token
+    per_token = 2 * hparams["n_layer"] * hparams["n_embd"] * 4
+    assert checks["kv_cache_bytes_full_context_target"] == hparams["n_ctx"] * per_token
 
 
 @on_its_notebooks_worker("3_speculative_step_by_step.ipynb")
@@ -136,6 +156,10 @@ def test_when_it_pays_notebook_measures_every_K():
     assert 1 <= checks["best_K"] <= 8 and checks["best_speedup"] > 0 and checks["verify_cost_K4"] > 0
     assert checks["verify_cost_K4_plain"] > 0
     assert checks["runs_per_K"] >= 8 and checks["target_parameters_M"] > 0  # bootstrap units; sizes from the params
+    # the card: two committed CPUs, the paper's shapes and this machine; alpha is the pair's, whatever the CPU
+    from classroom import machines
+    assert checks["machines_card_rows"] == 4 and checks["card_formula_here"] > 0
+    assert abs(checks["card_alpha_here"] - machines.committed_default_runs()[0].alpha) < 0.05
 
 
 @on_its_notebooks_worker("6_choosing_K_and_the_draft.ipynb")
@@ -189,7 +213,56 @@ def test_beyond_algorithm_2_notebook_proves_each_verifier_and_catches_the_lossy_
     assert checks["tree_and_rows_same_tokens_per_call"] is True  # one law, the same seeds: the same tokens
 
 
+@pytest.mark.parametrize("name", QUICK_NOTEBOOKS)
+def test_quick_settings_run_for_a_slow_laptop(name, monkeypatch):
+    """TEACHER.md's reduced settings (fewer K, one seed, fewer prompts): the notebook runs and its checks pass."""
+    skip_without_the_pair()
+    monkeypatch.setenv("NOTEBOOKS_QUICK", "1")  # the kernel inherits this process's environment
+    notebook = make_notebooks.execute(REPO / "notebooks" / name)
+    checks = checks_of(notebook)
+    assert checks and not [key for key, value in checks.items() if value is False]
+
+
 # ---------------------------------------------------------------- the committed copies
+
+
+def test_committed_timing_notebooks_were_run_on_one_machine():
+    """Every notebook that times anything names its machine in its first output, and all name the same one.
+    (Fails until the notebooks are re-executed together on one machine: python tools/make_notebooks.py --execute.)"""
+    lines = {name: machine_line_of(committed(name)) for name in TIMING_NOTEBOOKS}
+    assert not [name for name, line in lines.items() if line is None], f"no machine line: {lines}"
+    assert len(set(lines.values())) == 1, lines
+
+
+def test_every_notebook_that_times_anything_is_a_timing_notebook():
+    for name in NOTEBOOKS:
+        sources = "\n".join(cell.source for cell in code_cells(committed(name)))
+        if re.search(r"perf_counter|measure_costs|main\.py", sources):
+            assert name in TIMING_NOTEBOOKS, name
+
+
+def test_teachers_table_of_times_is_the_record():
+    """TEACHER.md's times come from notebooks/timings.json, which make_notebooks.py writes as it executes."""
+    record = json.loads(make_notebooks.TIMINGS.read_text()) if make_notebooks.TIMINGS.is_file() else {}
+    teacher = make_notebooks.TEACHER.read_text()
+    table = teacher[teacher.index(make_notebooks.TABLE_START) + len(make_notebooks.TABLE_START):
+                    teacher.index(make_notebooks.TABLE_END)]
+    assert table.strip() == make_notebooks.times_table(record, NOTEBOOKS).strip()
+    for name, timings in record.get("notebooks", {}).items():
+        assert name in NOTEBOOKS and timings["seconds"] >= sum(cell["seconds"] for cell in timings["slow_cells"]) - 1
+
+
+def test_timings_name_each_slow_cell_by_its_section():
+    cell = lambda kind, source, seconds=None: (nbformat.v4.new_markdown_cell(source) if kind == "md" else
+                                               nbformat.v4.new_code_cell(source, metadata={"seconds": seconds}))
+    notebook = nbformat.v4.new_notebook(cells=[cell("code", "a", 1.0), cell("md", "## Figure 1\ntext"),
+                                               cell("code", "b", 42.0), cell("code", "c", 2.0)])
+    timings = make_notebooks.take_timings(notebook)
+    assert timings == {"seconds": 45, "slow_cells": [{"section": "Figure 1", "seconds": 42.0}]}
+    assert all("seconds" not in c.metadata for c in notebook.cells)  # taken out: the committed cells stay as they were
+    table = make_notebooks.times_table({"machine": "machine: X", "notebooks": {"5_a.ipynb": timings}},
+                                       ["5_a.ipynb", "6_b.ipynb"])
+    assert "| 5_a.ipynb | 45 s | \"Figure 1\" 42 s |" in table and "| 6_b.ipynb | not recorded | |" in table
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -3,6 +3,7 @@
     python tools/make_notebooks.py --execute                        # every notebooks/*.ipynb
     python tools/make_notebooks.py --execute 4_why_lossless.ipynb   # only these
     python tools/make_notebooks.py                                  # report only: executed?, size
+    python tools/make_notebooks.py --plan                           # TEACHER.md's times table from the record
 
 Each notebook runs top to bottom in a fresh kernel of this very Python (sys.executable), whatever
 kernelspecs the machine has or lacks, with notebooks/ as its working directory, as Jupyter runs it.
@@ -12,15 +13,21 @@ committed notebooks stay small) and is written under a temporary name and rename
 tests/test_notebooks.py runs the same `execute`. The notebooks themselves are the source: edit them
 in Jupyter, then run this on a quiet machine: notebooks 2, 3, 5, 6 and 8 time things as they run, and where
 other programs compete for a small CPU, BLAS threads can make multi-row calls many times slower.
+
+Each execution records the notebook's seconds and its slow cells' (over SLOW_CELL_S, named by the section
+they sit in) in notebooks/timings.json with the machine line, and rewrites the table of times in
+notebooks/TEACHER.md from that record (tests/test_notebooks.py checks that they agree).
 """
 
 import argparse
 import base64
 import io
 import json
+import re
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 
@@ -31,9 +38,14 @@ from nbclient import NotebookClient
 from PIL import Image  # a dependency of matplotlib
 
 REPO = Path(__file__).resolve().parents[1]
+from bench.machine import machine_line
 from checkpoints.atomic import write_atomically
 
 NOTEBOOKS_DIR = REPO / "notebooks"
+TIMINGS = NOTEBOOKS_DIR / "timings.json"
+TEACHER = NOTEBOOKS_DIR / "TEACHER.md"
+TABLE_START, TABLE_END = "<!-- times: tools/make_notebooks.py writes this table -->", "<!-- end of times -->"
+SLOW_CELL_S = 10  # a cell that takes longer is named in the record: pre-run it, or show its committed output
 SIZE_BUDGET_BYTES = 150_000  # per notebook, outputs included: small enough to read well on the web
 CELL_TIMEOUT_S = 300
 KERNEL_NAME = "kit-python"
@@ -53,16 +65,74 @@ def kernel_manager(spec_dir):
 
 
 def execute(path, timeout=CELL_TIMEOUT_S):
-    """Run the notebook at path top to bottom; return the executed notebook (nothing is written).
+    """Run the notebook at path top to bottom; return the executed notebook (nothing is written), each code
+    cell's seconds in its metadata's "seconds" until `take_timings` takes them out.
 
     Raises nbclient's CellExecutionError, naming the cell, when a cell raises.
     """
     notebook = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as spec_dir:
-        client = NotebookClient(notebook, km=kernel_manager(spec_dir), timeout=timeout, record_timing=False,
+        client = NotebookClient(notebook, km=kernel_manager(spec_dir), timeout=timeout, record_timing=True,
                                 resources={"metadata": {"path": str(Path(path).resolve().parent)}})
         client.execute()
+    for cell in notebook.cells:  # nbclient's timestamps, kept as seconds only (they would change every run)
+        stamps = cell.metadata.pop("execution", None)
+        if stamps and "shell.execute_reply" in stamps and "iopub.execute_input" in stamps:
+            start, end = (datetime.fromisoformat(stamps[key].replace("Z", "+00:00"))
+                          for key in ("iopub.execute_input", "shell.execute_reply"))
+            cell.metadata["seconds"] = round((end - start).total_seconds(), 1)
     return join_streams(notebook)
+
+
+def take_timings(notebook):
+    """{"seconds": the code cells' total, "slow_cells": [{"section", "seconds"}]}, the cells' seconds taken out
+    of their metadata. A slow cell is named by the last heading above it."""
+    section, total, slow = "the top", 0.0, []
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            headings = re.findall(r"^#+ (.+)$", cell.source, flags=re.MULTILINE)
+            section = headings[-1].strip() if headings else section
+        seconds = cell.metadata.pop("seconds", None)
+        if seconds is not None:
+            total += seconds
+            if seconds > SLOW_CELL_S:
+                slow.append({"section": section, "seconds": seconds})
+    return {"seconds": round(total), "slow_cells": slow}
+
+
+def record_timings(name, timings, path=TIMINGS):
+    """Keep one notebook's timings in the record; a record made on another machine starts afresh."""
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    line = machine_line()
+    if record.get("machine") != line:
+        record = {"machine": line, "notebooks": {}}
+    record["notebooks"][name] = timings
+    record["notebooks"] = dict(sorted(record["notebooks"].items(), key=lambda item: int(item[0].split("_")[0])))
+    write_atomically(path, (json.dumps(record, indent=1) + "\n").encode())
+    return record
+
+
+def times_table(record, names):
+    """TEACHER.md's table: each notebook's time and its slow cells on the record's machine."""
+    machine = record.get("machine")
+    rows = [f"Recorded on {machine[len('machine: '):] if machine else 'no machine yet'}.", "",
+            "| Notebook | Time | Slow cells |", "|---|---|---|"]
+    for name in names:
+        timings = record.get("notebooks", {}).get(name)
+        if timings is None:
+            rows.append(f"| {name} | not recorded | |")
+            continue
+        slow = "; ".join(f"\"{cell['section']}\" {cell['seconds']:.0f} s" for cell in timings["slow_cells"])
+        rows.append(f"| {name} | {timings['seconds']} s | {slow or 'none over ' + str(SLOW_CELL_S) + ' s'} |")
+    return "\n".join(rows)
+
+
+def write_times_table(record, teacher=TEACHER):
+    """Replace the table between TEACHER.md's markers with the record's."""
+    text = teacher.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    names = sorted((path.name for path in NOTEBOOKS_DIR.glob("*.ipynb")), key=lambda name: int(name.split("_")[0]))
+    write_atomically(teacher, (text[:start] + "\n" + times_table(record, names) + "\n" + text[end:]).encode())
 
 
 def join_streams(notebook):
@@ -119,7 +189,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", help="file names in notebooks/ (default: all)")
     parser.add_argument("--execute", action="store_true", help="execute in place (otherwise only report)")
+    parser.add_argument("--plan", action="store_true", help="rewrite TEACHER.md's table of times from the record")
     args = parser.parse_args()
+    if args.plan:
+        write_times_table(json.loads(TIMINGS.read_text()) if TIMINGS.is_file() else {})
+        return
     paths = [NOTEBOOKS_DIR / name for name in args.notebooks] or sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
@@ -131,8 +205,10 @@ def main():
                 notebook = execute(path)
             except Exception as error:  # nbclient's error names the cell and holds the traceback
                 sys.exit(f"error: {path.name} failed, left unchanged:\n{error}")
+            timings = take_timings(notebook)
             write_in_place(shrink_images(notebook), path)
-            print(f"{path.name}: executed in {time.perf_counter() - start:.0f} s")
+            write_times_table(record_timings(path.name, timings))
+            print(f"{path.name}: executed in {time.perf_counter() - start:.0f} s, its cells {timings['seconds']} s")
         print(describe(path))
 
 
