@@ -24,6 +24,30 @@ def give_each_xdist_worker_its_own_cores():
 
 
 give_each_xdist_worker_its_own_cores()  # before NumPy, JAX or torch start their threads
+
+# The slow tier: what executes notebooks, runs a benchmark or a training tool end to end, compiles JAX's device
+# loops, or checks the documents. Everything else is the quick tier (`python -m pytest -m quick`): the model against
+# its references, the decoders, the exact oracle and the checker, the command line's checks and errors.
+SLOW_FILES = {"test_notebooks.py", "test_bench.py", "test_gpu_bench.py", "test_verifier_gains.py",
+              "test_text_quality.py", "test_readme.py", "test_pack_corpus.py", "test_distill_draft.py",
+              "test_unlikelihood_target.py", "test_train_bpe.py", "test_corpus_packages.py", "test_device_loop.py",
+              "test_jax_backend.py"}
+
+
+def pytest_cmdline_main(config):
+    """Two pytest-xdist workers, one a core, where pytest-xdist is installed and no -n was given; plain pytest
+    (and `-n 0`, or `-p no:xdist`) runs the tests in one process. A notebook's tests share a worker (loadgroup)."""
+    if (config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None) is None
+            and not os.environ.get("PYTEST_XDIST_WORKER")):
+        config.option.numprocesses, config.option.dist, config.option.tx = 2, "loadgroup", ["popen"] * 2
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)
 # OpenAI's GPT-2 vocabulary, committed with its licence: the tests need nothing outside the repository
 GPT2_VOCAB_DIR = REPO / "tests" / "fixtures" / "gpt2-vocab"
 
