@@ -1,7 +1,7 @@
 """What a benchmark ran on: the CPU (with its family, which the model name alone may not say) and NumPy's BLAS.
 
 Speed on the CPU depends on both: the same code verifies K + 1 tokens at about one decode step's price on
-one CPU and at two on another (README, Speed), so every result records them.
+one CPU and at two on another (docs/SPEED.md), so every result records them.
 """
 
 import ctypes

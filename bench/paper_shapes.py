@@ -1,10 +1,10 @@
 """GPT-2 124M drafting for 355M, 774M and 1558M on this CPU, GPT-2's real shapes, random weights.
 
-The 124M -> 1558M pairing is the reference re-implementation's (jaymody/speculative-sampling), not Chen et al.'s,
-who drafted for Chinchilla 70B; like theirs it pairs a small draft with a target many times its size: on a CPU
-the target's decode step is bound by reading its weights from memory, so scoring K + 1 tokens can cost about
-one step. This measures, with no
-download (random weights of OpenAI's shapes, float32), for each target at one thread and at every core:
+124M -> 1558M is the pair of the reference re-implementation, jaymody/speculative-sampling (Chen et al. drafted for
+Chinchilla 70B with a 4B model). Like the paper's, it pairs a small draft with a target many times its size; on
+a CPU the target's decode step is bound by reading its weights from memory, so scoring K + 1 tokens can cost about
+one step. This measures, with no download (random weights of OpenAI's shapes, float32), for each target at one
+thread and at every core:
 
 - the target's decode step against the read roofline (its weights over the fastest any way of multiplying
   reads one row through an 8192 x 8192 matrix with the same threads, measured in the same process);

@@ -263,7 +263,7 @@ def explain_verifier(verifier, backend):
 
 
 def explain_blas_kernels(backend, cpuinfo_path="/proc/cpuinfo"):
-    """One line on stderr where the environment pins OpenBLAS to kernels older than the CPU (README, Speed)."""
+    """One line on stderr where the environment pins OpenBLAS to kernels older than the CPU (docs/SPEED.md)."""
     coretype = os.environ.get("OPENBLAS_CORETYPE", "")
     if backend != "numpy" or not coretype or coretype.lower() in AVX512_CORETYPES:
         return

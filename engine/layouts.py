@@ -14,7 +14,7 @@ K + 1 drafted tokens multiplies K + 1 rows by the same weights. Three layouts of
   block of 16 columns a contiguous [16, n_in] stretch of memory: no copy beyond the column-major one, and on
   the Intel Xeon we measured (AVX-512) one row as fast as column-major and several rows almost as cheap.
 
-Which is fastest depends on the CPU, its BLAS kernels (README, Speed) and the matrix's shape. On an AMD Zen 3
+Which is fastest depends on the CPU, its BLAS kernels (docs/SPEED.md) and the matrix's shape. On an AMD Zen 3
 (OpenBLAS's Haswell kernels, one thread) one row through GPT-2 124M's mlp.c_fc [768, 3072] read 17.5 GB/s
 row-major and 9.4 column-major, through its mlp.c_proj [3072, 768] 10.8 and 14.6, and through the output
 projection [768, 50257] 11.2 as the view wte.T, 15.2 row-major, 12.9 in panels and 18.4 in wide panels. So

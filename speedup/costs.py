@@ -4,7 +4,7 @@ Leviathan et al.'s expected speedup, E[tokens per loop] / (K c + v(K + 1)), need
 treats as given: c, a draft step over a target decode step, and v(m), what the target's call scoring m new
 tokens after a cached prefix costs, in decode steps (Leviathan et al.'s Theorem 3.8 prices the verification at
 one step; Chen et al. report it at about one decode step on an accelerator at small batch, for large models; 1.2
-to 3 on the CPUs we measured, README Speed). `measure_costs` times both for the models at
+to 3 on the CPUs we measured, docs/SPEED.md). `measure_costs` times both for the models at
 hand (about a second); `MeasuredCosts` turns them into the expected speedup for any alpha and K, the K that
 maximises it, and the alpha below which no K pays. `AutoK` is a draft that chooses K before every loop from
 the alpha measured so far in the run (main.py --K auto), and proposes nothing (a plain step) when no K pays.
@@ -23,7 +23,7 @@ MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up t
 # AutoK's settings, chosen with bench/auto_k.py, which replays the bundled pair's acceptances on 24 held-out prompts
 # through AutoK (at temperature 0 a draft is accepted exactly when the draft's greedy token is the target's; at
 # temperature 1, independently with alpha about 0.72), priced at the loop costs bench/pair.py measured on an AMD
-# Zen 3, and then measured for real with bench/pair.py (README, Speed):
+# Zen 3, and then measured for real with bench/pair.py (docs/SPEED.md):
 # - the prior on alpha before any draft is judged, Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): mean 0.8, worth one
 #   judged draft, so that the run's own evidence takes over at once;
 PRIOR_ACCEPTED, PRIOR_REJECTED = 0.8, 0.2

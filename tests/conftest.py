@@ -29,7 +29,7 @@ give_each_xdist_worker_its_own_cores()  # before NumPy, JAX or torch start their
 # loops, or checks the documents. Everything else is the quick tier (`python -m pytest -m quick`): the model against
 # its references, the decoders, the exact oracle and the checker, the command line's checks and errors.
 SLOW_FILES = {"test_notebooks.py", "test_bench.py", "test_gpu_bench.py", "test_verifier_gains.py",
-              "test_text_quality.py", "test_readme.py", "test_pack_corpus.py", "test_distill_draft.py",
+              "test_text_quality.py", "test_readme.py", "test_commands.py", "test_pack_corpus.py", "test_distill_draft.py",
               "test_unlikelihood_target.py", "test_train_bpe.py", "test_corpus_packages.py", "test_device_loop.py",
               "test_jax_backend.py"}
 

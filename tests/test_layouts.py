@@ -73,7 +73,7 @@ def test_a_plan_must_feed_at_least_m_rows_and_name_known_layouts():
     assert plan.rows(5) == 5 and plan.rows(300) == 300 and plan.layout(300) == "panels" and plan.kept == ("panels",)
 
 
-# measured shapes of the two CPUs this kit was measured on (README, Speed), in one row-major row's time
+# measured shapes of the two CPUs this kit was measured on (docs/SPEED.md), in one row-major row's time
 ZEN3_LIKE = {"row-major": [1.0, 1.8, 2.3, 1.8, 2.4, 2.5, 2.7, 2.7, 2.8, 2.8, 2.8, 2.5, 2.9, 2.9, 3.0, 2.9],
              "panels": [1.15, 1.7, 2.1, 2.0, 2.1, 2.0, 2.5, 2.0, 2.4, 2.5, 3.0, 2.3, 2.6, 2.6, 3.0, 2.4]}
 ZEN5_LIKE = {"row-major": [1.0, 2.9, 3.0, 3.2, 3.4, 3.4, 3.3, 3.3, 3.4, 3.4, 3.5, 3.5, 3.5, 3.6, 3.7, 3.7],

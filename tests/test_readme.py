@@ -1,17 +1,20 @@
-"""What the README tells a newcomer holds: its Python example runs, its sample of main.py's report is
-what main.py prints, its dependency split is what main.py imports, and it names only things a reader
-can find."""
+"""What the README tells a newcomer holds: its commands are CI's, its Python example runs as a script from any
+directory, its counts are what main.py reports, its map of Algorithm 2 points at code and notebook sections that
+exist, its numbers are the committed JSON's, its dependency split is what main.py imports, and it and the pages in
+docs/ name only things a reader can find."""
 
 import json
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
 from conftest import REPO
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+DOC_PAGES = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "docs").glob("*.md"))
 # words for things outside the repository that a reader cannot look up
 UNFINDABLE = [r"(?i)\bseed reference", r"(?i)\bthe seed'?s\b", r"(?i)\bthe seeds\b", r"(?i)design card", r"\bGUIDE\b",
               r"(?i)\bissue \d+"]
@@ -39,32 +42,54 @@ def requirement_names(path):
     return names
 
 
-def test_the_python_api_example_runs_as_written():
+def run_as_script_outside_the_clone(example, tmp_path):
+    """A README example saved as a script and run from an empty folder (the kit on PYTHONPATH, as
+    `pip install -e .` puts it on sys.path): no module or file may be found through the current directory."""
+    script = tmp_path / "example.py"
+    script.write_text(example, encoding="utf-8")
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+
+def test_the_python_api_example_runs_as_a_script_outside_the_clone(tmp_path):
     (example,) = re.findall(r"```python\n(.*?)```", section(README, "Python API"), re.S)
-    result = run_python(example)
+    result = run_as_script_outside_the_clone(example, tmp_path)
     assert result.returncode == 0, result.stderr  # its last line asserts that greedy speculative == autoregressive
     text, stats = result.stdout.rstrip("\n").rsplit("\n", 1)
     assert stats.startswith("SpeculativeStats(loops=") and "acceptance_rate=" in stats and "origins" not in stats
     assert text.strip()
+    assert "then the run's `SpeculativeStats(loops=..., acceptance_rate=...)`" in section(README, "Python API")
 
 
-def test_the_batching_example_runs_as_written():
-    (example,) = re.findall(r"```python\n(.*?)```", section(README, "Several sequences at once"), re.S)
-    result = run_python(example)
+def test_the_batching_example_runs_as_a_script_outside_the_clone(tmp_path):
+    (example,) = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "BATCHING.md").read_text(encoding="utf-8"), re.S)
+    result = run_as_script_outside_the_clone(example, tmp_path)
     assert result.returncode == 0, result.stderr
     *rows, calls = result.stdout.rstrip("\n").split("\n")
     assert len(rows) >= 3 and calls.endswith(" batched target calls") and int(calls.split()[0]) > 0
 
 
-def test_the_sample_report_lines_are_what_main_prints():
-    command = re.search(r"\(`python main.py (--K 4 --temperature 0)`", README)
-    sample = re.search(r"\n\n((?:    \d+ drafted.*\n)(?:    .*\n)*)", README[command.end():])[1]
-    result = subprocess.run([sys.executable, str(REPO / "main.py"), *command[1].split(), "--repeats", "1"],
+def test_the_fresh_machine_commands_are_what_ci_runs():
+    first, tests, quick = re.findall(r"^    (.+)$", README[:README.index("\n## ")], re.M)[:3]
+    assert first == "pip install -e . && python main.py --K 4 --temperature 0"
+    assert tests == "pip install -r requirements-dev.txt && python -m pytest -q" and quick == "python -m pytest -q -m quick"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "pip install -q -r requirements-dev.txt" in ci and "-m pytest -q\n" in ci
+
+
+def test_the_readme_counts_are_what_main_reports():
+    """The README's counts for the default greedy run (the same every run) are main.py's own, read from --json so
+    that the report's wording may change."""
+    said = re.search(r"`python main.py (--K 4 --temperature 0)` \(greedy, so the same counts every run\) drafts (\d+)"
+                     r"\s+tokens, accepts (\d+) and rejects (\d+); the other (\d+) were never judged.*?is (\d+) / \((\d+) \+ (\d+)\) = "
+                     r"(\d\.\d+)", README, re.S)
+    result = subprocess.run([sys.executable, str(REPO / "main.py"), *said[1].split(), "--repeats", "1", "--json"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    printed = [line.strip() for line in result.stdout.splitlines()]
-    for line in sample.splitlines():
-        assert line.strip() in printed
+    run = json.loads(result.stdout.strip().splitlines()[-1])["speculative"]
+    assert [int(said[i]) for i in (2, 3, 4)] == [run["drafted"], run["accepted"], run["rejected"]]
+    assert int(said[5]) == run["drafted"] - run["accepted"] - run["rejected"]
+    assert [int(said[i]) for i in (6, 7, 8)] == [run["accepted"], run["accepted"], run["rejected"]]
+    assert said[9] == f"{run['acceptance_rate']:.3f}"
 
 
 def test_main_py_needs_only_the_runtime_requirements():
@@ -74,6 +99,8 @@ def test_main_py_needs_only_the_runtime_requirements():
     assert "-r requirements-jax.txt" in dev and "-r requirements.txt" in (REPO / "requirements-jax.txt").read_text()
     assert {"pytest", "jax", "torch", "transformers", "tiktoken"} <= set(requirement_names("requirements-dev.txt"))
     assert "notebook" in requirement_names("requirements-notebooks.txt")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]  # what `pip install -e .` installs
+    assert [re.match(r"[A-Za-z0-9_.\-]+", name)[0] for name in project["dependencies"]] == requirement_names("requirements.txt")
     run = ("import json, runpy, sys; sys.argv = ['main.py', '--n_tokens_to_generate', '4', '--repeats', '1', '--json'];"
            "runpy.run_path('main.py', run_name='__main__'); print(json.dumps(sorted(sys.modules)))")
     result = run_python(run)
@@ -86,7 +113,7 @@ def test_main_py_needs_only_the_runtime_requirements():
 @pytest.mark.parametrize("path", ["README.md", "notebooks/README.md", "main.py", "sampling.py", "classroom/lossless.py",
                                   "classroom/bug_zoo.py", "classroom/exercise_checks.py",
                                   "notebooks/solutions/exercise_solutions.py", "requirements.txt", "requirements-dev.txt", "requirements-jax.txt",
-                                  "requirements-notebooks.txt", "tests/fixtures/gpt2-vocab/README.md"])
+                                  "requirements-notebooks.txt", "tests/fixtures/gpt2-vocab/README.md", *DOC_PAGES])
 def test_the_docs_name_only_what_a_reader_can_find(path):
     text = (REPO / path).read_text(encoding="utf-8")
     for pattern in UNFINDABLE:
@@ -94,15 +121,16 @@ def test_the_docs_name_only_what_a_reader_can_find(path):
 
 
 def test_the_documents_stay_short():
-    for path in ("README.md", "models/README.md"):
+    """The README introduces (the reference pages in docs/ hold the rest), and no page grows without bound."""
+    for path, limit in [("README.md", 250), ("models/README.md", 400), *[(page, 400) for page in DOC_PAGES]]:
         lines = (REPO / path).read_text(encoding="utf-8").count("\n")
-        assert lines <= 400, f"{path} has {lines} lines; history belongs in docs/HISTORY.md or models/HISTORY.md"
+        assert lines <= limit, f"{path} has {lines} lines; reference belongs in docs/, history in docs/HISTORY.md"
     results = [path.name for path in (REPO / "bench" / "results").iterdir() if path.is_file()]
     assert "README.md" in results and len(results) <= 30, f"{len(results)} files: move earlier stages to history/"
 
 
 @pytest.mark.parametrize("path", ["README.md", "models/README.md", "bench/results/README.md", "docs/HISTORY.md",
-                                  "models/HISTORY.md", "bench/README.md"])
+                                  "docs/SPEED.md", "models/HISTORY.md", "bench/README.md"])
 def test_the_results_files_the_docs_name_exist(path):
     text = (REPO / path).read_text(encoding="utf-8")
     named = set(re.findall(r"bench/results/[\w./*-]*\w", text))
@@ -133,3 +161,42 @@ def test_the_numbers_card_is_the_committed_json():
     assert alphas == [f"{row['acceptance_rate']:.3f}" for row in sampled["by_K"]]
     assert "family 25, model 17" in greedy["machine"]["cpu"] and greedy["machine"]["blas"]["kernels"] == "SkylakeX"
     assert "family 25, model 17" in section(README, "Speed") and "SkylakeX" in section(README, "Speed")
+
+
+def table_rows(text, heading):
+    """The body rows of the first table in a README section, as lists of cells."""
+    rows = re.findall(r"^\|(.*)\|$", section(text, heading), re.M)[2:]
+    return [[cell.strip() for cell in row.split("|")] for row in rows]
+
+
+def test_the_map_of_algorithm_2_points_at_what_exists():
+    source = (REPO / "sampling.py").read_text(encoding="utf-8")
+    loop = source[source.index("def speculative_sampling("):source.index("def greedy_assisted_generation(")]
+    notebook = json.loads((REPO / "notebooks" / "3_speculative_step_by_step.ipynb").read_text(encoding="utf-8"))
+    headings = {line.removeprefix("## ").strip() for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+                for line in "".join(cell["source"]).splitlines() if line.startswith("## ")}
+    rows = table_rows(README, "Algorithm 2 in the code")
+    assert len(rows) == 6
+    for step, comment, calls, notebook_section in rows:
+        assert comment.strip("`") in loop, f"sampling.speculative_sampling has no comment {comment}"
+        for name in re.findall(r"`(\w+)`", calls):
+            assert f"def {name}(" in source and f"{name}(" in loop, f"speculative_sampling does not call {name}"
+        assert notebook_section.strip('"') in headings, f"notebook 3 has no section {notebook_section}"
+    for quoted in re.findall(r'\("([^"]+)"\)', section(README, "Algorithm 2 in the code")):
+        assert quoted in headings
+
+
+def test_the_paper_table_holds_the_kit_s_committed_figures():
+    """The kit's column is the numbers card's K = 4 (the committed JSON); the reference re-implementation's
+    speedup is its two times' ratio; every number in Chen et al.'s column was checked against the paper by hand."""
+    rows = {row[0]: row[1:] for row in table_rows(README, "The paper beside the kit")}
+    greedy = json.loads((REPO / "bench" / "results" / "pair_cpu_zen4_stage14.json").read_text())
+    at_4 = next(row for row in greedy["by_K"] if row["K"] == 4)
+    kit = rows["time per token: target, draft"][1]
+    assert kit == f"{at_4['decode_step_ms']:.2f} ms, {at_4['draft_step_ms']:.2f} ms"
+    assert rows["K"] == ["4", "4", "4"]
+    kit, reference = rows["speedup"][1:]
+    assert kit.startswith(f"{at_4['median_speedup']:.2f}x ({greedy['n_prompts']} held-out prompts, greedy")
+    assert greedy["temperature"] == 0 and "Zen 4" in rows["hardware"][1]
+    slow, fast = map(float, re.search(r"\(([\d.]+) s against ([\d.]+) s", reference).groups())
+    assert reference.startswith(f"{slow / fast:.2f}x")
