@@ -13,6 +13,7 @@ import pytest
 import gpt2
 import sampling
 from classroom import bug_zoo, lossless
+from kvcache import contract
 from test_exactness import HPARAMS, perturbed, random_target
 
 DISTRIBUTION_BUGS = [bug.name for bug in bug_zoo.BUGS if not bug.speed_only]
@@ -86,9 +87,9 @@ def test_exact_match_verification_is_lossless_but_accepts_less():
     assert accepted["exact match"] < accepted["rejection"] - 0.1
 
 
-def test_model_side_bugs_reach_gpt2_models_and_are_undone_afterwards():
-    """A cache bug patched into gpt2.cache_resume breaks greedy identity on a real (random-weight) GPT2Model."""
-    original = gpt2.cache_resume
+def test_model_side_bugs_reach_every_cached_model_and_are_undone_afterwards():
+    """A cache bug patched into contract.cache_resume breaks greedy identity on a real (random-weight) GPT2Model."""
+    original = contract.cache_resume
     target_params = random_target()
     target = gpt2.GPT2Model(target_params, HPARAMS)
     draft = gpt2.GPT2Model(perturbed(target_params, 0.3, 1), HPARAMS)
@@ -98,14 +99,14 @@ def test_model_side_bugs_reach_gpt2_models_and_are_undone_afterwards():
         target.reset(), draft.reset()
         buggy = bug_zoo.ZOO[name].decoder()(prompt, draft, target, 24, 4, 0, temperature=0)
         assert not np.array_equal(buggy, expected), name
-        assert gpt2.cache_resume is original  # restored
+        assert contract.cache_resume is original  # restored
     target.reset(), draft.reset()
     assert np.array_equal(sampling.speculative_sampling(prompt, draft, target, 24, 4, temperature=0), expected)
 
 
 def test_a_model_side_patch_is_undone_even_when_the_decoder_raises():
-    original = gpt2.cache_resume
+    original = contract.cache_resume
     with pytest.raises(ValueError):
         bug_zoo.ZOO["no_rollback"].decoder()([1, 2], lossless.TableCallable(lossless.random_context_table(4, 1)),
                                              lossless.TableCallable(lossless.random_context_table(4, 2)), -1, 2)
-    assert gpt2.cache_resume is original
+    assert contract.cache_resume is original
