@@ -272,9 +272,9 @@ class JaxGPT2Model(CachedModel):
         brings back one row; anything else brings back the whole padded block, so that n_last, like the
         block's length, takes few distinct values and compiles few programs.
         """
-        start = self.resume(x, n_last)[0]  # roll back to here
-        block, block_start = self._padded_block(x, start)
-        n_real = len(x) - block_start  # real tokens in the block; the rest is padding
+        start, new_tokens = self.resume(x, n_last)  # roll back to start and feed new_tokens there
+        block, block_start = self._padded_block(x, start, new_tokens)
+        n_real = start + len(new_tokens) - block_start  # real tokens in the block; the rest is padding
         n_out = 1 if n_last == 1 else len(block)
         first_row = n_real - n_out if n_last == 1 else 0
         rows, self.cache = feed_block(self.params, self.cache, block, np.int32(block_start), np.int32(first_row),
@@ -292,14 +292,15 @@ class JaxGPT2Model(CachedModel):
             raise ValueError(f"token ids must lie in [0, {self.n_vocab}), got {x.min()}..{x.max()}")
         return x.astype(np.int64)
 
-    def _padded_block(self, x, start):
-        """x[start:] padded with token 0 to a bucket size -> (block int32 [bucket], its first position).
+    def _padded_block(self, x, start, new_tokens):
+        """new_tokens (x[start:]) padded with token 0 to a bucket size -> (block int32 [bucket], its first position).
 
         Near the end of the context the bucket may not fit after start; the block then begins earlier and
-        feeds some cached tokens again, which rewrites their keys and values (the same up to rounding).
+        feeds some of x's cached tokens again, which rewrites their keys and values (the same up to rounding).
         """
-        bucket = bucket_size(len(x) - start, self.n_ctx)
+        bucket = bucket_size(len(new_tokens), self.n_ctx)
         block_start = min(start, self.n_ctx - bucket)
         block = np.zeros(bucket, dtype=np.int32)
-        block[:len(x) - block_start] = x[block_start:]
+        block[:start - block_start] = x[block_start:start]
+        block[start - block_start:start - block_start + len(new_tokens)] = new_tokens
         return block, block_start

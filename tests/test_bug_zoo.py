@@ -41,7 +41,7 @@ def test_every_patch_applies_to_the_current_reference_and_changes_it(name):
     diff = variant.diff()
     assert diff.startswith("--- a/") and "\n+" in diff and "\n-" in diff
     for patch in variant.patches:
-        assert f"a/{patch.module.__name__}.py" in diff
+        assert f"a/{patch.module.__name__.replace('.', '/')}.py" in diff
 
 
 def test_a_patch_whose_lines_are_gone_raises_naming_the_bug_and_the_lines():
