@@ -2,7 +2,7 @@
 
 SpecInfer (Miao et al. 2023), Medusa and EAGLE score a tree of n drafted tokens in one target call:
 GPT2Model.tree_logits feeds x's last token and the n nodes, at positions by depth, through one mask built from
-the tree's ancestry per call (gpt2.tree_mask). Speculative sampling's chain feeds the same n + 1 rows,
+the tree's ancestry per call (kvcache/tree.py). Speculative sampling's chain feeds the same n + 1 rows,
 logits(x + chain, n_last=n + 1), so the bar is a tree of n nodes at most 1.1 times a chain of n. keep_tree_path,
 which moves the accepted path's keys and values into place, is timed apart, for the deepest path.
 
