@@ -1,9 +1,9 @@
 """Greedy decoding speed of gpt2.py's cached GPT2Model against the memory roofline and Hugging Face, and what
 scoring several new tokens at once costs (speculative sampling's verification).
 
-GPT-2 124M-shaped random weights (gpt2.init_params), float32, batch 1, on this machine's CPU, in the layout
-engine.fast_model measures and chooses here (engine/measure.py; the plan is in the JSON), beside the plain and column-panel
-layouts for the cost of scoring several tokens. A decode step
+GPT-2 124M-shaped random weights (gpt2.init_params), float32, batch 1, on this machine's CPU, in the layouts
+engine.fast_model measures and chooses here (engine/measure.py; the plan is in the JSON), beside the plain and
+column-panel layouts for the cost of scoring several tokens. A decode step
 has to read every weight once, so its floor is weights_bytes / read bandwidth, where the bandwidth is the
 fastest a single-row product (x[1, k] @ W[k, n], the operation a decode step is made of) reads a weight
 matrix here, plain or in column panels, measured in the same run. The kit and transformers run at the same
@@ -309,7 +309,8 @@ def main():
         "verify_cost_panels_layout": costs["panels"],
         "verify_cost_statistic": f"median time of GPT2Model.logits scoring n new tokens / scoring 1, after "
                                  f"{args.prompt_len + args.n_tokens} cached, {5 * args.repeats} interleaved "
-                                 f"repetitions; chosen: GPT2Model's measured layout, plain and panels: engine.fast_model(layout=...); "
+                                 f"repetitions; chosen: engine.fast_model's measured layouts, plain and panels: "
+                                 f"gpt2.GPT2Model and engine.fast_model(layout='panels'); "
                                  f"one_token_call_ms: the "
                                  f"median one-token call of each, interleaved",
     }

@@ -23,7 +23,7 @@ CPU_FIELDS = ("vendor_id", "model name", "cpu family", "model")  # /proc/cpuinfo
 
 
 def cache_folder():
-    """Where measured plans are kept: $SPECULATIVE_KIT_CACHE, else the user's cache folder's speculative-sampling-kit."""
+    """Where measured plans are kept: $SPECULATIVE_KIT_CACHE, else speculative-sampling-kit in the user's cache."""
     if os.environ.get("SPECULATIVE_KIT_CACHE"):
         return Path(os.environ["SPECULATIVE_KIT_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "speculative-sampling-kit"
