@@ -13,19 +13,20 @@ float64) and the one difference in the model math, how a KV cache is written, si
 
 The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
 cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
-`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs. A token tree of
-drafts (SpecInfer, Miao et al. 2023; Medusa; EAGLE) is the same call with the nodes' positions by depth and
-a mask from the tree's ancestry (tree_mask): `GPT2Model.tree_logits`, then `keep_tree_path`.
+`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs (kvcache/contract.py).
+A token tree of drafts is the same call with the nodes' positions by depth and a mask from the tree's ancestry
+(kvcache/tree.py): `GPT2Model.tree_logits`, then `keep_tree_path`. How fast the products run is not this file's
+concern: engine.fast_model gives a GPT2Model whose weight matrices are laid out for this machine's CPU.
 """
 
 import math
 
 import numpy as np
 
-from engine import layouts
+from kvcache.contract import CachedModel
+from kvcache.tree import MASKED, check_tree, move_path, tree_feed
 
 GELU_SCALE = math.sqrt(2 / math.pi)  # a Python float on purpose, see the module docstring
-MASKED = -1e10  # added to the attention scores of positions a query may not see
 
 
 def array_module(x):
@@ -63,7 +64,7 @@ def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
 
 
 def linear(x, w, b):  # [m, n_in] @ [n_in, n_out] + [n_out] -> [m, n_out]
-    return x @ w + b  # w: an array, or the same matrix in a faster layout (layouts.PlannedMatrix)
+    return x @ w + b  # w: an array, or the same matrix in a faster layout (engine/layouts.py)
 
 
 def ffn(x, c_fc, c_proj):  # [n_seq, n_embd] -> [n_seq, n_embd]
@@ -148,7 +149,7 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembeddin
     updated list from gpt2_with_cache.
     `unembedding`, optional, is wte.T in another layout (engine/layouts.py): the same numbers, read faster.
     A token tree passes its own `positions` (by depth, not by slot) and `mask` ([n_seq, start + n_seq], 0 or
-    MASKED: tree_mask); the defaults are a chain's, start.. and causal_mask.
+    MASKED: kvcache/tree.py); the defaults are a chain's, start.. and causal_mask.
     """
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
     logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding, positions, mask)
@@ -202,156 +203,36 @@ def init_params(hparams, rng):
             "blocks": [block() for _ in range(hparams["n_layer"])], "ln_f": norm()}
 
 
-def perplexity(tokens, params, hparams):
-    """exp(mean next-token cross-entropy) of a token sequence, scored in consecutive full-context windows."""
-    nll, count = 0.0, 0
-    for start in range(0, len(tokens) - 1, hparams["n_ctx"]):
-        window = np.asarray(tokens[start:start + hparams["n_ctx"] + 1])
-        logits = gpt2(window[:-1], **params, n_head=hparams["n_head"]).astype(np.float64)  # sums need float64
-        log_probs = logits - logits.max(-1, keepdims=True)
-        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-        nll -= log_probs[np.arange(len(window) - 1), window[1:]].sum()
-        count += len(window) - 1
-    return math.exp(nll / count)
-
-
 def empty_cache(hparams, xp=np, dtype=np.float32):  # -> n_layer x ([n_head, n_ctx, head_dim], same)
     head_dim = hparams["n_embd"] // hparams["n_head"]
     shape = (hparams["n_head"], hparams["n_ctx"], head_dim)
     return [(xp.zeros(shape, dtype), xp.zeros(shape, dtype)) for _ in range(hparams["n_layer"])]
 
 
-def common_prefix_length(a, b):
-    """How many leading tokens two sequences share."""
-    n = min(len(a), len(b))
-    mismatches = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(mismatches[0]) if len(mismatches) else n
-
-
-def cache_resume(cached_tokens, x, n_last):  # -> (the cache position to resume at, the tokens of x to feed there)
-    """How a cached model reads x: it resumes after the longest prefix of x it has cached and feeds the rest.
-
-    That is the whole rollback: what the cache holds past that prefix (a rejected draft's keys and values)
-    is overwritten by what is fed, and keys past the last position fed are never attended. The last n_last
-    positions are fed even when cached: their logits are wanted. (classroom/bug_zoo.py patches this decision.)
-    """
-    start = min(common_prefix_length(cached_tokens, x), len(x) - n_last)
-    return start, x[start:]
-
-
-# A token tree after x: node i (tokens[i], parent parents[i], -1 for a child of the root, x's last token) sits at
-# position len(x) + depth - 1, its keys and values in cache slot len(x) + i; it sees x, its ancestors and itself.
-
-
-def integer_vector(values, name):  # -> [n] int64, or a ValueError
-    values = np.asarray(values)
-    if values.ndim != 1 or (values.size and not np.issubdtype(values.dtype, np.integer)):
-        raise ValueError(f"{name} must be a 1-D sequence of integers, got shape {values.shape} of {values.dtype}")
-    return values.astype(np.int64)
-
-
-def check_tree(tokens, parents, n_vocab):  # -> tokens [n], parents [n], both int64
-    """A token tree as arrays, or a clear ValueError: every node's parent is the root (-1) or an earlier node."""
-    tokens, parents = integer_vector(tokens, "tokens"), integer_vector(parents, "parents")
-    if len(tokens) != len(parents):
-        raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents: a tree needs one parent per node")
-    bad = np.flatnonzero((parents < -1) | (parents >= np.arange(len(parents))))
-    if len(bad):
-        i = bad[0]
-        raise ValueError(f"parents[{i}] = {parents[i]}: a parent is -1 (the root) or an earlier node, in [-1, {i})")
-    if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
-        raise ValueError(f"token ids must lie in [0, {n_vocab}), got {tokens.min()}..{tokens.max()}")
-    return tokens, parents
-
-
-def tree_ancestry(parents):  # [n] -> depths [n] int64, sees [n, n] bool
-    """Each node's depth (1 for a child of the root) and what it sees: sees[i, j] when j is i or an ancestor of i."""
-    depths, sees = np.ones(len(parents), dtype=np.int64), np.eye(len(parents), dtype=bool)
-    for i, parent in enumerate(parents):  # a parent comes before its children: its row is complete
-        if parent >= 0:
-            depths[i] = depths[parent] + 1
-            sees[i] |= sees[parent]
-    return depths, sees
-
-
-def tree_mask(start, n_prefix, sees):  # -> [n_prefix - start + n, n_prefix + n] float32, built once per call
-    """The mask of the prefix's positions start..n_prefix-1 fed as a chain, then the tree's n nodes in slots
-    n_prefix..: the prefix's rows are causal, a node's row sees the whole prefix, its ancestors and itself."""
-    n_fed, n = n_prefix - start, len(sees)
-    visible = np.zeros((n_fed + n, n_prefix + n), dtype=bool)
-    visible[:n_fed, :n_prefix] = np.arange(n_prefix) <= np.arange(start, n_prefix)[:, None]
-    visible[n_fed:, :n_prefix] = True
-    visible[n_fed:, n_prefix:] = sees
-    return np.where(visible, np.float32(0.0), np.float32(MASKED))
-
-
-def check_tree_path(nodes, parents):  # -> nodes [m] int64
-    """nodes must run down from the root: the first a child of the root, each next a child of the one before."""
-    nodes = integer_vector(nodes, "nodes")
-    if np.any((nodes < 0) | (nodes >= len(parents))):
-        raise ValueError(f"nodes must index the tree's {len(parents)} nodes, got {nodes.tolist()}")
-    if np.any(parents[nodes] != np.concatenate([[-1], nodes])[:-1]):
-        raise ValueError(f"nodes {nodes.tolist()} are not a path down from the root (their parents are "
-                         f"{parents[nodes].tolist()})")
-    return nodes
-
-
-
-def layout_plan(params, layout="auto"):
-    """How GPT2Model will multiply these weights: a layouts.ModelPlan (or LayoutPlan), or None for the plain path.
-
-    layout: "auto" measures this machine (layouts.measure_plan: layouts, and threads per product); "plain" keeps
-    the checkpoint's arrays as they are; one of layouts.LAYOUTS for every matrix on one thread; or a plan.
-    """
-    if not isinstance(layout, str):
-        return layout
-    if layout == "plain":
-        return None
-    if layout not in ("auto", *layouts.LAYOUTS):
-        raise ValueError(f"unknown layout {layout!r}: choose auto, plain, {', '.join(layouts.LAYOUTS)} or a ModelPlan")
-    return layouts.measure_plan(params) if layout == "auto" else layouts.fixed_plan(layout)
-
-
-def fast_layout(params, layout="auto", in_place=False):
-    """The weights as GPT2Model multiplies them: -> (params with every linear weight in the chosen layout, the
-    tied output projection wte.T in it too, or None for wte.T itself). Built once from the checkpoint's params,
-    which stay the reference. layout: as for layout_plan. in_place: lay the matrices out inside params itself,
-    freeing the checkpoint's as it goes (half the peak memory of a large model; params then holds the laid-out
-    matrices).
-    """
-    plan = layout_plan(params, layout)
-    return (params, None) if plan is None else layouts.fast_layout(params, plan, in_place)
-
-
-class GPT2Model:
+class GPT2Model(CachedModel):
     """A GPT-2 that remembers what it has already read.
 
-    `logits(x, n_last)` returns the logits of the last n_last positions of the token sequence x.
-    With `use_cache` it feeds only the tokens after the longest prefix of x it has cached, and
-    first rolls the cache back to that prefix: speculative sampling's rejected drafts simply
-    disappear the next time the model is called with the corrected sequence. Without a cache it
-    recomputes the whole sequence, as jaymody/speculative-sampling does.
-
-    `layout` says how the weights are stored for the products (engine/layouts.py): "auto" (the default) times the
-    layouts of each role's matrices on this machine (row-major, column-major, column panels, ...), on one thread
-    and split over every core (engine/threads.py), for one row (a decode step) and for the few rows a
-    verification scores, and keeps what is faster, two layouts where that pays; "plain" keeps the checkpoint's
-    arrays as they are, the reference path; "panels" column panels for every product. `plan` is what was
-    chosen. `in_place` lets the model lay its weights out inside `params` (see fast_layout).
+    `logits(x, n_last)` returns the logits of the last n_last positions of the token sequence x. With
+    `use_cache` it feeds only the tokens after the longest prefix of x it has cached, rolling the cache back to
+    that prefix (kvcache/contract.py): rejected drafts disappear the next time the model reads the corrected
+    sequence. Without a cache it recomputes the whole sequence, as jaymody/speculative-sampling does.
+    It multiplies params as they are (the checkpoint's arrays: the reference path); engine.fast_model lays
+    them out for this machine first (`unembedding`, then, is wte.T in another layout).
     """
 
-    def __init__(self, params, hparams, use_cache=True, layout="auto", in_place=False):
-        self.hparams, self.use_cache = hparams, use_cache
-        self.plan = layout_plan(params, layout)  # what multiplies each matrix, and on how many threads
-        self.params, self.unembedding = fast_layout(params, self.plan, in_place)  # laid out once (engine/layouts.py)
+    def __init__(self, params, hparams, use_cache=True, unembedding=None):
+        self.params, self.hparams, self.use_cache, self.unembedding = params, hparams, use_cache, unembedding
         self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
         self.reset()
 
     def reset(self):
         """Forget everything cached (start a new sequence)."""
         self.cache = empty_cache(self.hparams) if self.use_cache else None
-        self.cached_tokens = np.zeros(0, dtype=np.int64)
-        self.tree = None  # (x, tokens, parents) of the last tree_logits call, until keep_tree_path
+        super().reset()
+
+    def forward(self, tokens, start=0, positions=None, mask=None):  # [n] -> [n, n_vocab], through the cache
+        return gpt2(tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
+                    unembedding=self.unembedding, positions=positions, mask=mask)
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
         x = np.array(x, dtype=np.int64)  # a copy: the caller may change its array after we cache it
@@ -360,10 +241,9 @@ class GPT2Model:
         if not 1 <= n_last <= len(x):
             raise ValueError(f"n_last={n_last} must lie in [1, {len(x)}] for a sequence of {len(x)} tokens")
         if not self.use_cache:
-            return gpt2(x, **self.params, n_head=self.hparams["n_head"], unembedding=self.unembedding)[-n_last:]
-        start, new_tokens = cache_resume(self.cached_tokens, x, n_last)  # roll back to start
-        logits = gpt2(new_tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
-                      unembedding=self.unembedding)
+            return self.forward(x)[-n_last:]
+        start, new_tokens = self.resume(x, n_last)  # roll back to start
+        logits = self.forward(new_tokens, start)
         self.cached_tokens = x
         return logits[-n_last:]
 
@@ -382,30 +262,18 @@ class GPT2Model:
         if len(x) == 0 or len(x) + len(tokens) > self.n_ctx:
             raise ValueError(f"a tree of {len(tokens)} nodes after {len(x)} tokens needs 1 to {self.n_ctx} "
                              f"tokens and nodes together (the model's context)")
-        start = cache_resume(self.cached_tokens, x, n_last=1)[0] if self.use_cache else 0
-        depths, sees = tree_ancestry(parents)
-        positions = np.concatenate([np.arange(start, len(x)), len(x) - 1 + depths])  # the nodes' by depth
-        logits = gpt2(np.concatenate([x[start:], tokens]), **self.params, n_head=self.hparams["n_head"],
-                      cache=self.cache, start=start, unembedding=self.unembedding, positions=positions,
-                      mask=tree_mask(start, len(x), sees))
+        start = self.resume(x, n_last=1)[0] if self.use_cache else 0
+        fed, positions, mask = tree_feed(x, tokens, parents, start)  # x[start:] as a chain, then the nodes by depth
+        logits = self.forward(fed, start, positions, mask)
         if self.use_cache:
             self.cached_tokens = x  # the slots past x hold the tree: scratch until keep_tree_path
         self.tree = (x, tokens, parents)
         return logits[len(x) - start - 1:]
 
     def keep_tree_path(self, nodes):
-        """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x.
-
-        Each kept node's keys and values move from its slot to its depth's (EAGLE copies them likewise); the
-        rest are dropped, so the next logits() call feeds only what is new. Without a cache there is nothing to keep.
-        """
-        if self.tree is None or (self.use_cache and self.tree[0] is not self.cached_tokens):
-            raise ValueError("keep_tree_path must follow a tree_logits call, with no other call between them")
-        x, tokens, parents = self.tree
-        nodes = check_tree_path(nodes, parents)
-        self.tree = None
+        """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x: its
+        keys and values move to their depths' slots, the rest are dropped. Without a cache there is nothing to keep."""
+        x, tokens, nodes = self.take_tree_path(nodes)
         if self.use_cache:
-            kept = slice(len(x), len(x) + len(nodes))  # the depth slots; the fancy index on the right copies first
-            for keys, values in self.cache:
-                keys[:, kept], values[:, kept] = keys[:, len(x) + nodes], values[:, len(x) + nodes]
+            move_path(self.cache, len(x), nodes)
             self.cached_tokens = np.concatenate([x, tokens[nodes]])

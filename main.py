@@ -108,9 +108,9 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
             print_batch_report(result, stats, lambda tokens, origins: coloured_text(tokens, origins, encoder.decode)
                                if colour else encoder.decode(tokens))
         return result
-    target = backends.make_model(target_params, target_hparams, backend, dtype, in_place=True)  # frees as it goes
+    target = backends.make_model(target_params, target_hparams, backend, dtype, in_place=True, layout="auto")
     draft = (drafts.PromptLookup(target_hparams["n_vocab"]) if lookup
-             else backends.make_model(draft_params, draft_hparams, backend, dtype, in_place=True))
+             else backends.make_model(draft_params, draft_hparams, backend, dtype, in_place=True, layout="auto"))
     runs.explain_backend(backend, dtype)
     runs.explain_blas_kernels(backend)
     runs.explain_verifier(verifier, backend)

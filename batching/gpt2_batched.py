@@ -24,7 +24,9 @@ NumPy only: the JAX backend batches its whole decoding loops with jax.vmap inste
 
 import numpy as np
 
+import engine
 import gpt2
+from kvcache import contract
 
 # ---- the batched forward pass: gpt2.py's functions over rows ---------------------------------------
 
@@ -112,16 +114,16 @@ class BatchedGPT2Model:
     its last n_last[i] positions, as one float32 array [len(rows), max(n_last), n_vocab] right-aligned:
     row i's are out[i, -n_last[i]:]. Like GPT2Model, each row first rolls back to the longest prefix of
     its sequence that it has cached (a length change) and feeds the rest, all rows in one pass.
-    `layout` is GPT2Model's: "auto" measures which layout multiplies faster on this machine, "plain" keeps
-    the checkpoint's arrays, "panels" column panels (layouts.py).
+    `layout` is engine.fast_model's: "plain" (the default) keeps the checkpoint's arrays, "auto" measures which
+    layouts multiply faster on this machine, "panels" column panels (engine/layouts.py), or a plan.
     """
 
-    def __init__(self, params, hparams, batch_size, layout="auto"):
+    def __init__(self, params, hparams, batch_size, layout="plain"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.hparams, self.batch_size = hparams, int(batch_size)
         self.n_vocab, self.n_ctx, self.n_head = hparams["n_vocab"], hparams["n_ctx"], hparams["n_head"]
-        self.params, self.unembedding = gpt2.fast_layout(params, layout)  # as GPT2Model multiplies them (layouts.py)
+        self.plan, self.params, self.unembedding = engine.lay_out(params, layout)  # as engine.fast_model's are
         head_dim = hparams["n_embd"] // self.n_head
         shape = (self.batch_size, self.n_head, self.n_ctx, head_dim)  # untouched positions cost no memory
         self.cache = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(hparams["n_layer"])]
@@ -141,7 +143,7 @@ class BatchedGPT2Model:
         n_last = np.broadcast_to(np.asarray(n_last, dtype=np.int64), (len(xs),))
         self._check(xs, n_last, rows)
         # each row resumes after the longest prefix it has cached (a rollback), as GPT2Model's cache does
-        resumed = [gpt2.cache_resume(self.cached_tokens[row], x, n) for row, x, n in zip(rows, xs, n_last)]
+        resumed = [contract.cache_resume(self.cached_tokens[row], x, n) for row, x, n in zip(rows, xs, n_last)]
         starts, n_new = np.array([start for start, _ in resumed]), np.array([len(new) for _, new in resumed])
         tokens = np.zeros((len(xs), n_new.max()), dtype=np.int64)  # padded with token 0, never attended to
         for i, (_, new) in enumerate(resumed):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-import gpt2
+import engine
 import sampling
 import utils
 from bench.pair import held_out_tokens
@@ -107,8 +107,8 @@ def main(argv=None):
     tokens = held_out_tokens(encoder, pair["heldout"])
     stride = (len(tokens) - pair["prompt_tokens"] - 1) // pair["n_prompts"]
     prompts = [tokens[i * stride:i * stride + pair["prompt_tokens"]] for i in range(pair["n_prompts"])]
-    greedy = greedy_acceptances(gpt2.GPT2Model(draft_params, draft_hparams), gpt2.GPT2Model(target_params, target_hparams),
-                                prompts, pair["n_tokens"])
+    draft, target = engine.fast_model(draft_params, draft_hparams), engine.fast_model(target_params, target_hparams)
+    greedy = greedy_acceptances(draft, target, prompts, pair["n_tokens"])
     rng = np.random.default_rng(0)
     sampled = [rng.random(pair["n_tokens"]) < np.clip(args.alpha_t1 + 0.08 * rng.standard_normal(), 0.3, 0.97)
                for _ in prompts]

@@ -114,8 +114,9 @@ def numpy_run(args):
     encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     _, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     prompts = prompt_windows(encoder, args.heldout, max(args.batch_sizes), args.prompt_tokens)
-    models = {B: (TimedModel(gpt2_batched.BatchedGPT2Model(draft_params, draft_hparams, B)),
-                  TimedModel(gpt2_batched.BatchedGPT2Model(target_params, target_hparams, B))) for B in args.batch_sizes}
+    models = {B: (TimedModel(gpt2_batched.BatchedGPT2Model(draft_params, draft_hparams, B, "auto")),
+                  TimedModel(gpt2_batched.BatchedGPT2Model(target_params, target_hparams, B, "auto")))
+              for B in args.batch_sizes}
     settings = {"temperature": args.temperature}
 
     def autoregressive(B):  # -> (seconds, rows, target step seconds)

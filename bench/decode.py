@@ -1,9 +1,9 @@
 """Greedy decoding speed of gpt2.py's cached GPT2Model against the memory roofline and Hugging Face, and what
 scoring several new tokens at once costs (speculative sampling's verification).
 
-GPT-2 124M-shaped random weights (gpt2.init_params), float32, batch 1, on this machine's CPU, in the layout
-GPT2Model measures and chooses here (engine/layouts.py; the plan is in the JSON), beside the plain and column-panel
-layouts for the cost of scoring several tokens. A decode step
+GPT-2 124M-shaped random weights (gpt2.init_params), float32, batch 1, on this machine's CPU, in the layouts
+engine.fast_model measures and chooses here (engine/measure.py; the plan is in the JSON), beside the plain and
+column-panel layouts for the cost of scoring several tokens. A decode step
 has to read every weight once, so its floor is weights_bytes / read bandwidth, where the bandwidth is the
 fastest a single-row product (x[1, k] @ W[k, n], the operation a decode step is made of) reads a weight
 matrix here, plain or in column panels, measured in the same run. The kit and transformers run at the same
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+import engine
 import gpt2
 import utils
 from bench.machine import blas_info, cpu_flags, cpu_model
@@ -255,8 +256,8 @@ def main():
 
     # NumPy first: torch's OpenMP threads can keep spinning after it returns and steal the two cores.
     bandwidth = ReadBandwidth(rng)
-    model = gpt2.GPT2Model(params, hparams)  # the layout measured and chosen on this machine, the default
-    plan = layouts.measure_plan(params)
+    model = engine.fast_model(params, hparams)  # the layouts measured and chosen on this machine
+    plan = model.plan
     greedy_decode(model, prompt, min(8, args.n_tokens))  # warm-up
     products = ProductsTime(model)
     steps, tokens = [], None
@@ -266,8 +267,8 @@ def main():
         tokens, step_seconds = greedy_decode(model, prompt, args.n_tokens)
         steps += step_seconds
     read_gbps = bandwidth.best_gbps()
-    plain = gpt2.GPT2Model(params, hparams, layout="plain")
-    panels = gpt2.GPT2Model(params, hparams, layout="panels")
+    plain = gpt2.GPT2Model(params, hparams)
+    panels = engine.fast_model(params, hparams, layout="panels")
     costs, one_token_ms = verify_costs({"chosen": model, "plain": plain, "panels": panels}, prompt + tokens,
                                        5 * args.repeats, range(1, 17))
     matmul_ms = products.median_ms()
@@ -284,7 +285,7 @@ def main():
         "ms_per_token_mean": round(1e3 * statistics.mean(steps), 3),
         "weights_bytes": weights_bytes,
         "layout_plan": {**plan.as_dict(), "summary": plan.summary(),
-                        "statistic": "layouts.measure_plan: each role of the model's own matrices (up to 16 MB of "
+                        "statistic": "measure.measure_plan: each role of the model's own matrices (up to 16 MB of "
                                      "each), 1-16 rows, three layouts and every role interleaved, medians of 3 rounds "
                                      "(one row: 9) in one row's time in the layout the matrix lies in"},
         "model_bytes": {"chosen": model_nbytes(model), "plain": model_nbytes(plain), "panels": model_nbytes(panels)},
@@ -308,7 +309,8 @@ def main():
         "verify_cost_panels_layout": costs["panels"],
         "verify_cost_statistic": f"median time of GPT2Model.logits scoring n new tokens / scoring 1, after "
                                  f"{args.prompt_len + args.n_tokens} cached, {5 * args.repeats} interleaved "
-                                 f"repetitions; chosen: GPT2Model's measured layout, plain and panels: GPT2Model(layout=...); "
+                                 f"repetitions; chosen: engine.fast_model's measured layouts, plain and panels: "
+                                 f"gpt2.GPT2Model and engine.fast_model(layout='panels'); "
                                  f"one_token_call_ms: the "
                                  f"median one-token call of each, interleaved",
     }

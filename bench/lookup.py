@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-import gpt2
+import engine
 import sampling
 import utils
 from bench.machine import blas_info, cpu_model
@@ -99,11 +99,11 @@ def grams(tokens, n=4):
 def main(argv=None):
     args = parse_args(argv)
     encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    target = gpt2.GPT2Model(params, hparams)
+    target = engine.fast_model(params, hparams)
     candidates = {"prompt-lookup": drafts.PromptLookup(hparams["n_vocab"])}
     if args.draft:
         _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
-        candidates[args.draft] = gpt2.GPT2Model(draft_params, draft_hparams)
+        candidates[args.draft] = engine.fast_model(draft_params, draft_hparams)
     max_function_tokens = (hparams["n_ctx"] - args.n_tokens) // 2 - 8
     functions = numpy_functions(encoder, args.n_prompts, max_function_tokens)
     prompts, rests = zip(*(repeat_prompt(encoder, function, args.restart_lines) for function in functions))

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-import gpt2
+import engine
 import sampling
 import utils
 from bench.machine import blas_info, cpu_model
-from engine import layouts
+from bench.text_quality import perplexity
 from speedup import costs, drafts
 from speedup.stats import SpeculativeStats
 
@@ -142,19 +142,19 @@ def measure_K(K, prompts, draft, target, measured, args):
 def main(argv=None):
     args = parse_args(argv)
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    target = gpt2.GPT2Model(target_params, target_hparams)
+    target = engine.fast_model(target_params, target_hparams)
     if args.draft == drafts.PROMPT_LOOKUP:
         draft, draft_params = drafts.PromptLookup(target_hparams["n_vocab"]), None
     else:
         _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
-        draft = gpt2.GPT2Model(draft_params, draft_hparams)
+        draft = engine.fast_model(draft_params, draft_hparams)
     tokens = held_out_tokens(encoder, args.heldout)
     stride = (len(tokens) - args.prompt_tokens - 1) // args.n_prompts
     starts = [int(args.prompt_offset * stride) + i * stride for i in range(args.n_prompts)]
     prompts = [tokens[start:start + args.prompt_tokens] for start in starts]
     settings = sampling.SamplingSettings(temperature=args.temperature)
     measured = costs.measure_costs(target, draft, prompts[0], settings)  # for auto, and the record
-    plan = layouts.measure_plan(target_params)  # what GPT2Model chose for the target (measured once per process)
+    plan = target.plan  # what engine.fast_model chose for the target
 
     result = {"draft": args.draft, "target": args.target, "heldout": args.heldout, "n_prompts": args.n_prompts,
               "prompt_tokens": args.prompt_tokens, "prompt_offset": args.prompt_offset, "n_tokens": args.n_tokens,
@@ -166,8 +166,8 @@ def main(argv=None):
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     scored = tokens[:args.perplexity_tokens + 1]
     result.update(perplexity_tokens=len(scored) - 1,
-                  target_perplexity=gpt2.perplexity(scored, target_params, target_hparams),
-                  draft_perplexity=None if draft_params is None else gpt2.perplexity(scored, draft_params, draft_hparams))
+                  target_perplexity=perplexity(scored, target_params, target_hparams),
+                  draft_perplexity=None if draft_params is None else perplexity(scored, draft_params, draft_hparams))
     fixed = [row for row in result["by_K"] if row["K"] != "auto"]
     if fixed:
         best = max(fixed, key=lambda row: row["median_speedup"])

@@ -11,7 +11,7 @@ thread and at every core:
 - v(m), m = 1..9, what scoring m new tokens after a 64-token cached prefix costs in decode steps, and c, the
   draft's step over the target's (costs.measure_costs, as main.py measures them);
 - the formula's expected speedup for alpha 0.6-0.9 and K 1-8 at those costs, and the layouts and threads
-  chosen (layouts.measure_plan);
+  chosen (measure.measure_plan);
 - peak resident memory of the pair against its float32 weights;
 - transformers' decode step and v(m) at the same shapes and threads (torch, CPU, cached), and the formula at
   its costs.
@@ -36,10 +36,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-import gpt2
 from bench.decode import params_nbytes
 from bench.machine import blas_info, cpu_model
-from engine import layouts
+from engine import fast_model, layouts
 from checkpoints.atomic import write_atomically
 from engine.threads import THREADS, usable_cores
 from speedup import costs
@@ -69,7 +68,7 @@ def random_params(hparams, rng):
 
 def read_gbps(threads, rng, repeats=7, k=8192, n=8192):
     """The fastest one row is read through an 8192 x 8192 float32 matrix in any layout, on `threads` threads (split
-    by us or, for the plain layouts, by BLAS: every way layouts.measure_plan may choose)."""
+    by us or, for the plain layouts, by BLAS: every way measure.measure_plan may choose)."""
     w = rng.standard_normal((k, n), dtype=np.float32)
     x = rng.standard_normal((1, k), dtype=np.float32)
     best = 0.0
@@ -102,8 +101,8 @@ def run_numpy(target_size, threads, seed=0):
         hparams = hparams_of(size)
         params = random_params(hparams, rng)
         nbytes[role] = params_nbytes(params)
-        plans[role] = layouts.measure_plan(params).summary()
-        models[role] = gpt2.GPT2Model(params, hparams, in_place=True)  # the checkpoint's matrices freed as laid out
+        models[role] = fast_model(params, hparams, in_place=True)  # the checkpoint's matrices freed as laid out
+        plans[role] = models[role].plan.summary()
         del params
     x = rng.integers(0, 50257, PREFIX).tolist()
     measured = costs.measure_costs(models["target"], models["draft"], x, max_scored=MAX_SCORED, budget_seconds=10.0)

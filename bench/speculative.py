@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+import engine
 import gpt2
 import sampling
 from cli import backends
@@ -127,8 +128,8 @@ def n_params(params):
 def make_model(params_and_hparams, backend, use_cache):
     params, hparams = params_and_hparams
     if use_cache:
-        return backends.make_model(params, hparams, backend)
-    return gpt2.GPT2Model(params, hparams, use_cache=False)
+        return backends.make_model(params, hparams, backend, layout="auto")
+    return engine.fast_model(params, hparams, use_cache=False)
 
 
 # ------------------------------------------------------------------------------------------ measuring

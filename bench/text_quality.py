@@ -3,7 +3,7 @@
 - Bits per byte, comparable across vocabularies: the total negative log-likelihood in nats of every token
   of the scored documents, / ln 2, / the documents' UTF-8 bytes. Each document is scored on its own,
   from <|endoftext|> (so its first token is predicted too), in consecutive windows of n_ctx tokens
-  (gpt2.perplexity). Two sets: the held-out documents of the corpus (each cut to its first --doc_chars
+  (perplexity). Two sets: the held-out documents of the corpus (each cut to its first --doc_chars
   characters), and Python source outside the corpus: NumPy's own modules (tests left out), which
   tools/build_corpus.py never takes.
 - Distinct 4-grams: --n_prompts prompts of --prompt_tokens tokens, spread evenly over the held-out text
@@ -25,15 +25,29 @@ from pathlib import Path
 
 import numpy as np
 
+import engine
 import gpt2
 import sampling
 import utils
 from encoder import EOT
 
 
+def perplexity(tokens, params, hparams):
+    """exp(mean next-token cross-entropy) of a token sequence, scored in consecutive full-context windows."""
+    nll, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, hparams["n_ctx"]):
+        window = np.asarray(tokens[start:start + hparams["n_ctx"] + 1])
+        logits = gpt2.gpt2(window[:-1], **params, n_head=hparams["n_head"]).astype(np.float64)  # sums need float64
+        log_probs = logits - logits.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        nll -= log_probs[np.arange(len(window) - 1), window[1:]].sum()
+        count += len(window) - 1
+    return math.exp(nll / count)
+
+
 def total_nats(tokens, params, hparams):
-    """Negative log-likelihood in nats of tokens[1:] given what precedes them, summed (gpt2.perplexity's windows)."""
-    return math.log(gpt2.perplexity(tokens, params, hparams)) * (len(tokens) - 1)
+    """Negative log-likelihood in nats of tokens[1:] given what precedes them, summed (perplexity's windows)."""
+    return math.log(perplexity(tokens, params, hparams)) * (len(tokens) - 1)
 
 
 def bits_per_byte(documents, encoder, params, hparams):
@@ -115,7 +129,7 @@ def main(argv=None):
     tokens = np.asarray(encoder.encode(text))
     stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
     prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
-    continuations = greedy_continuations(gpt2.GPT2Model(params, hparams), prompts, args.n_tokens)
+    continuations = greedy_continuations(engine.fast_model(params, hparams), prompts, args.n_tokens)
     counts = [distinct_ngrams(c) for c in continuations]
     pooled = [tuple(c[i:i + 4]) for c in continuations for i in range(len(c) - 3)]
     result.update(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens, n_tokens=args.n_tokens,

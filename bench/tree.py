@@ -2,7 +2,7 @@
 
 SpecInfer (Miao et al. 2023), Medusa and EAGLE score a tree of n drafted tokens in one target call:
 GPT2Model.tree_logits feeds x's last token and the n nodes, at positions by depth, through one mask built from
-the tree's ancestry per call (gpt2.tree_mask). Speculative sampling's chain feeds the same n + 1 rows,
+the tree's ancestry per call (kvcache/tree.py). Speculative sampling's chain feeds the same n + 1 rows,
 logits(x + chain, n_last=n + 1), so the bar is a tree of n nodes at most 1.1 times a chain of n. keep_tree_path,
 which moves the accepted path's keys and values into place, is timed apart, for the deepest path.
 
@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+import engine
 import gpt2
 from bench.machine import blas_info, cpu_model
 
@@ -112,7 +113,7 @@ def main(argv=None):
     if args.prefix + max(args.sizes) > hparams["n_ctx"]:
         raise SystemExit(f"error: --prefix plus the largest size must be at most {hparams['n_ctx']}")
     rng = np.random.default_rng(args.seed)
-    model = gpt2.GPT2Model(gpt2.init_params(hparams, rng), hparams)  # the layout measured and chosen here
+    model = engine.fast_model(gpt2.init_params(hparams, rng), hparams)  # the layout measured and chosen here
     x = rng.integers(0, hparams["n_vocab"], args.prefix)
     model.logits(x)  # the prefix, cached once: every timed call feeds only x's last token and what is new
     rows = [row(n, *measure(model, x, n, args.repeats, rng)) for n in args.sizes]

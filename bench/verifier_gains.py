@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-import gpt2
+import engine
 import sampling
 import utils
 from bench.machine import blas_info, cpu_model
@@ -148,7 +148,7 @@ def main(argv=None):
     args = parse_args(argv)
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
-    target, draft = gpt2.GPT2Model(target_params, target_hparams), gpt2.GPT2Model(draft_params, draft_hparams)
+    target, draft = engine.fast_model(target_params, target_hparams), engine.fast_model(draft_params, draft_hparams)
     tokens = held_out_tokens(encoder, args.heldout)
     stride = (len(tokens) - args.prompt_tokens - 1) // args.n_prompts
     if stride < 1:

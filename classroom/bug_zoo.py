@@ -3,11 +3,12 @@
 Every bug here appeared in a public implementation (the issue or pull request is named) and every one
 survives a casual look: the text still reads well, and most runs look like any other. Each is kept as a
 small patch of the reference source, not as a copy of the algorithm: `Variant.decoder()` takes the
-current source of sampling.py's functions (or of gpt2.cache_resume, the rollback decision every cached
-model goes through, or of a verifier in verifiers/), replaces the named code lines (comments are never an
+current source of sampling.py's functions (or of kvcache/contract.py's cache_resume, the rollback decision every
+cached model goes through, or of a verifier in verifiers/), replaces the named code lines (comments are never an
 anchor, so rewording one breaks no patch) and compiles the result beside the module, so the zoo always tests
 today's reference with one mistake in it. A patch whose lines no longer appear in the reference raises
-StalePatch, naming the bug and the lines, instead of testing stale code. `Variant.diff()` shows a patch as a unified diff against the real file. The verifiers' bugs are in
+StalePatch, naming the bug and the lines, instead of testing stale code. `Variant.diff()` shows a patch as a
+unified diff against the real file. The verifiers' bugs are in
 classroom/verifier_zoo.py.
 
 lossless.check_lossless tells every bug from the reference (tests/test_bug_zoo.py proves it), except the
@@ -25,8 +26,8 @@ import tokenize
 import types
 from dataclasses import dataclass
 
-import gpt2
 import sampling
+from kvcache import contract
 
 
 class StalePatch(Exception):
@@ -146,8 +147,8 @@ def build_decoder(variant):
         for name, source in functions.items():
             exec(compile(source, f"<{variant.name}: {module.__name__}.{name}>", "exec"), namespaces[module])
     link_copies(namespaces)
-    # functions of gpt2 are swapped in while the decoder runs (the models look them up at each call)
-    model_side = {(gpt2, name): namespaces[gpt2][name] for name in patched.get(gpt2, {})}
+    # functions of the cache contract are swapped in while the decoder runs (the models look them up at each call)
+    model_side = {(contract, name): namespaces[contract][name] for name in patched.get(contract, {})}
     decoder = with_speculative_signature(namespaces[entry_module][entry_name], dict(variant.settings), model_side,
                                          f"{entry_name}_{variant.name}")
     decoder.__doc__ = f"{entry_module.__name__}.{entry_name} with a bug: {variant.title} ({variant.source})."
@@ -234,14 +235,14 @@ BUGS = [
         "romsto/Speculative-Decoding#1 (also ml-explore/mlx-lm PR #1109)",
         "the cache keeps every token it was fed, rejected drafts included, and puts the next tokens after them: "
         "the target goes on reading the drafts it rejected",
-        (Patch(gpt2, "cache_resume", "return start, x[start:]",
+        (Patch(contract, "cache_resume", "return start, x[start:]",
                "return len(cached_tokens), x[start:]  # (bug) resume after all it was fed"),)),
     Variant(
         "cache_position_plus_one", "the cache position advanced by one, not by the accepted count",
         "transformers#30042, PR #30068",
         "the position where the target's cache resumes moves one token per call, as in plain decoding, so after "
         "accepted drafts the next block overwrites them and the target forgets them",
-        (Patch(gpt2, "cache_resume", "return start, x[start:]",
+        (Patch(contract, "cache_resume", "return start, x[start:]",
                "return max(0, len(cached_tokens) - n_last + 1), x[start:]  # (bug) one past the last block's start"),
          )),
     Variant(

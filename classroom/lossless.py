@@ -9,8 +9,8 @@ promise silently: the text still reads well. This module tests the promise the w
   the exact distribution of the first generated tokens under the target is a finite product;
 - the decoder run thousands of times on each, with several K, temperatures, top-k and top-p, through both
   of sampling.py's model contracts: plain callables (probabilities for every position) and cached models
-  (`logits(x, n_last)`, with a position-indexed cache that resumes through gpt2.cache_resume, the same
-  decision gpt2.GPT2Model takes, so cache bookkeeping bugs show up here too);
+  (`logits(x, n_last)`, with a position-indexed cache that resumes through kvcache.contract.cache_resume, the
+  decision every cached model takes, so cache bookkeeping bugs show up here too);
 - Pearson's chi-square test of the joint counts of the first two or three generated tokens against the
   exact joint distribution, one test per problem, combined by Bonferroni's rule: the decoder passes when
   every p-value exceeds ALPHA / (number of tests), and the reported p-value is the smallest one times the
@@ -32,8 +32,9 @@ from itertools import product
 
 import numpy as np
 
-import gpt2
 import sampling
+from kvcache.contract import CachedModel
+from kvcache.tree import check_tree
 
 ALPHA = 1e-3  # the family-wise false-alarm rate: a lossless decoder fails one seed in a thousand
 
@@ -126,13 +127,13 @@ class TableCallable:
         return sampling.softmax(self.context.logits_at(x, np.arange(len(x))))
 
 
-class CachedTableModel:
+class CachedTableModel(CachedModel):
     """The project's model contract (logits(x, n_last), n_vocab, n_ctx, reset()) with a real cache.
 
     The cache holds what each position was fed (a transformer would hold its keys and values there), and
     a position's logits read the cache at that position and the one before it, so a stale or misplaced
-    entry changes them, as it would change attention. Which positions to feed, and where, is
-    gpt2.cache_resume's decision, looked up at every call as gpt2.GPT2Model looks it up. A token tree
+    entry changes them, as it would change attention. Which positions to feed, and where, is the decision of
+    kvcache.contract.cache_resume (CachedModel.resume), looked up at every call as GPT2Model's. A token tree
     (tree_logits, keep_tree_path) follows GPT2Model's contract: node i's logits read its slot and its parent's.
     """
 
@@ -142,12 +143,11 @@ class CachedTableModel:
 
     def reset(self):
         self.cache = np.zeros(self.n_ctx, dtype=np.int64)
-        self.cached_tokens = np.zeros(0, dtype=np.int64)
-        self.tree = None  # (x, tokens, parents) of the last tree_logits call, until keep_tree_path
+        super().reset()
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab] float32
         x = np.array(x, dtype=np.int64)
-        start, new_tokens = gpt2.cache_resume(self.cached_tokens, x, n_last)
+        start, new_tokens = self.resume(x, n_last)
         end = start + len(new_tokens)
         if not (0 <= start and end <= self.n_ctx):
             raise ValueError(f"positions {start}..{end} lie outside the cache of {self.n_ctx}")
@@ -158,7 +158,7 @@ class CachedTableModel:
     def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab] float32
         """The logits after x, then after each node's path: the nodes go to slots len(x).. as scratch, and node i's
         logits read its slot and its parent's (x's last position for a child of the root)."""
-        tokens, parents = gpt2.check_tree(tokens, parents, self.n_vocab)
+        tokens, parents = check_tree(tokens, parents, self.n_vocab)
         if len(x) == 0 or len(x) + len(tokens) > self.n_ctx:
             raise ValueError(f"a tree of {len(tokens)} nodes after {len(x)} tokens overruns the cache of {self.n_ctx}")
         after_x = self.logits(x, n_last=1)  # caches x, as GPT2Model's call does
@@ -170,12 +170,9 @@ class CachedTableModel:
 
     def keep_tree_path(self, nodes):
         """Move the accepted path's entries (node indices, root down) from their slots to their depths' slots."""
-        if self.tree is None or self.tree[0] is not self.cached_tokens:
-            raise ValueError("keep_tree_path must follow a tree_logits call, with no other call between them")
-        x, tokens, parents = self.tree
-        nodes = gpt2.check_tree_path(nodes, parents)
+        x, tokens, nodes = self.take_tree_path(nodes)
         self.cache[len(x):len(x) + len(nodes)] = self.cache[len(x) + nodes]
-        self.cached_tokens, self.tree = np.concatenate([x, tokens[nodes]]), None
+        self.cached_tokens = np.concatenate([x, tokens[nodes]])
 
 
 # ---- the problems -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-import gpt2
+from kvcache import contract
 
 ORIGIN_COLOURS = {"accepted": "#9be39b", "corrected": "#ffb27a", "bonus": "#8cc4ff", "target": "#cdb4f0"}
 CALL_COLOURS = {"draft": "#999999", "target": "#444444"}
@@ -49,7 +49,7 @@ class RecordingModel:
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
         cached_before = len(self.model.cached_tokens)
-        kept, fed = gpt2.cache_resume(self.model.cached_tokens, np.asarray(x), n_last)  # what the call will do
+        kept, fed = contract.cache_resume(self.model.cached_tokens, np.asarray(x), n_last)  # what the call will do
         start = time.perf_counter()
         logits = self.model.logits(x, n_last)
         self.calls.append(Call(self.role, start, time.perf_counter(), n_last, cached_before, kept, len(fed)))

@@ -9,21 +9,22 @@ sampling_batched.py, sampling_jax's batched loops).
 
 import types
 
-import gpt2
+import engine
 
 BACKENDS = ("numpy", "jax")
 JAX_MISSING = "the JAX backend needs jax: pip install jax (CPU) or pip install -U 'jax[cuda12]' (NVIDIA GPU)"
 
 
-def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False):
-    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode. in_place: the NumPy model lays its
-    weights out inside params, freeing the checkpoint's matrices as it goes (gpt2.fast_layout)."""
+def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False, layout="plain"):
+    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode. layout: how the NumPy model stores
+    its weights (engine.fast_model: "plain", the checkpoint's arrays, or "auto", measured on this machine); in_place:
+    it lays them out inside params, freeing the checkpoint's matrices as it goes."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "numpy":
         if dtype != "float32":
             raise ValueError(f"the numpy backend computes in float32 only, got dtype {dtype!r} (try --backend jax)")
-        return gpt2.GPT2Model(params, hparams, in_place=in_place)
+        return engine.fast_model(params, hparams, layout=layout, in_place=in_place)
     try:
         from jax_backend import gpt2_jax
     except ImportError as error:
@@ -51,13 +52,13 @@ def decoders(target, draft=None):
     return sampling
 
 
-def make_batched_model(params, hparams, batch_size, backend="numpy", dtype="float32"):
-    """A model for batch_size sequences at once: gpt2_batched.BatchedGPT2Model (NumPy), or the JAX model itself,
-    whose batched device loops (sampling_jax) keep one cache per row."""
+def make_batched_model(params, hparams, batch_size, backend="numpy", dtype="float32", layout="plain"):
+    """A model for batch_size sequences at once: gpt2_batched.BatchedGPT2Model (NumPy, its weights in `layout`, as
+    for make_model), or the JAX model itself, whose batched device loops (sampling_jax) keep one cache per row."""
     if backend == "numpy" and dtype == "float32":
         from batching import gpt2_batched
 
-        return gpt2_batched.BatchedGPT2Model(params, hparams, batch_size)
+        return gpt2_batched.BatchedGPT2Model(params, hparams, batch_size, layout)
     return make_model(params, hparams, backend, dtype)  # the same checks and messages as for one sequence
 
 

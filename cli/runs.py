@@ -190,7 +190,7 @@ def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, d
     """
     rows = [encode_prompt(encoder, text) for text in prompts]
     check_context(max(len(row) for row in rows), N, draft[1], target[1])
-    draft_model, target_model = (backends.make_batched_model(params, hparams, len(rows), backend, dtype)
+    draft_model, target_model = (backends.make_batched_model(params, hparams, len(rows), backend, dtype, "auto")
                                  for params, hparams in (draft, target))
     explain_backend(backend, dtype)
     explain_blas_kernels(backend)

@@ -1,8 +1,8 @@
-"""How GPT2Model stores its weight matrices for the products, chosen by measuring this machine.
+"""How GPT2Model's weight matrices can be stored for the products: the mechanism (measure.py chooses among them).
 
 The numbers are the checkpoint's whatever the layout; what differs is how fast NumPy's BLAS multiplies them.
 A decode step multiplies one row of activations by every weight matrix, x[1, n_in] @ w[n_in, n_out]; scoring
-K + 1 drafted tokens multiplies K + 1 rows by the same weights. Three layouts of w:
+K + 1 drafted tokens multiplies K + 1 rows by the same weights. Five layouts of w (LAYOUTS):
 
 - "row-major" (C order, the checkpoint's for the blocks' weights): one row is a sum of w's rows;
 - "column-major" (Fortran order, that of wte.T, the tied output projection, a transposed view of the
@@ -14,28 +14,15 @@ K + 1 drafted tokens multiplies K + 1 rows by the same weights. Three layouts of
   block of 16 columns a contiguous [16, n_in] stretch of memory: no copy beyond the column-major one, and on
   the Intel Xeon we measured (AVX-512) one row as fast as column-major and several rows almost as cheap.
 
-Which is fastest depends on the CPU, its BLAS kernels (docs/SPEED.md) and the matrix's shape. On an AMD Zen 3
-(OpenBLAS's Haswell kernels, one thread) one row through GPT-2 124M's mlp.c_fc [768, 3072] read 17.5 GB/s
-row-major and 9.4 column-major, through its mlp.c_proj [3072, 768] 10.8 and 14.6, and through the output
-projection [768, 50257] 11.2 as the view wte.T, 15.2 row-major, 12.9 in panels and 18.4 in wide panels. So
-`measure_plan` times the four layouts for 1 to 16 rows on
-each role of the model's matrices (ROLES, all interleaved), and `plan_from_costs` turns each role's times into
-a `LayoutPlan`: which layout multiplies m rows, whether to hold a matrix twice (one layout for one row, another
-for several) where that gains enough, and how many rows to feed for m where padding is measurably cheaper.
-`fast_layout(params, plan)` builds the weights from the `ModelPlan`, once; gpt2.GPT2Model(layout="auto") does
-all this.
-
-Each layout is also timed split across every core (engine/threads.py: the matrix's column groups, one thread
-each, views of the same layout, no copy), and the column-major one on BLAS's own threads: a way
-of multiplying is a layout and how it is threaded, written "panels" for one thread, "panels on 2 threads" for
-our split in two and "column-major on 2 BLAS threads", and the plan names the way for each row count.
+Each layout can also be split across every core (engine/threads.py: the matrix's column groups, one thread
+each, views of the same layout, no copy), and the column-major one run on BLAS's own threads: a way of
+multiplying is a layout and how it is threaded, written "panels" for one thread, "panels on 2 threads" for
+our split in two and "column-major on 2 BLAS threads". A `LayoutPlan` names the way for each row count (and
+how many rows to feed, where padding is cheaper), a `ModelPlan` one LayoutPlan per role of the model's
+matrices (ROLES), and `fast_layout(params, plan)` builds the weights from it, once, as `PlannedMatrix`es.
+engine.fast_model(params, hparams) measures a plan (measure.measure_plan) and builds a GPT2Model this way.
 """
 
-import dataclasses
-import math
-import os
-import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,17 +35,10 @@ LAYOUTS = ("row-major", "column-major", "panels", "wide-panels", "column-panels"
 # copy serves one row on BLAS's threads and several rows in panels (a stack of panels is many small products,
 # which BLAS does not thread). Row-major on BLAS's threads read GPT-2 1558M's matrices no faster (within 4%, Xeon).
 BLAS_LAYOUTS = ("column-major",)
-# BLAS's threads are offered only to a model whose weights stream from memory: an idle OpenBLAS thread spins beside
-# whatever runs next, and on the bundled pair (24 MB) they won their per-matrix timings yet lowered the pair's
-# speedups (K = 1: 1.07-1.11x against 1.15-1.18x, measured alternating on the Intel Xeon, family 6, model 167)
-STREAMING_BYTES = 64 * 2**20
 STORED_AS = {"column-panels": "column-major"}  # a layout that is a view of another's storage
 ROLES = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "unembedding")  # the matrices a block and the head read
 MAX_ROWS = 16  # the largest block measured: K + 1 for K up to 15 (more rows use the layout measured for 16)
 WIDE_PANEL_WIDTH = 4096  # 16 KB of output per panel: fits a first-level cache beside the input row
-VERIFY_ROWS = range(2, 10)  # the blocks speculative sampling scores for K = 1 to 8: what "several rows" means
-GAIN_WORTH_A_CHOICE = 0.05  # a layout, a copy or a padding is chosen over another only when this much cheaper
-PROBE_BYTES = 16 * 2**20  # timed per role: the five roles together pass a 32 MB cache, streaming as in a decode step
 
 
 def stored_as(layout):  # the layout whose memory holds this one
@@ -168,11 +148,21 @@ class ModelPlan:
     def __getitem__(self, role):
         return self.plans[role]
 
-    def as_dict(self):
+    def as_dict(self, digits=3):  # JSON's types; costs rounded to `digits` (None: as measured)
+        rounded = lambda cost: cost if digits is None else round(cost, digits)
         return {role: {"layouts": plan.layouts, "rows_to_feed": plan.rows_to_feed,
-                       "costs": None if plan.costs is None else {layout: [round(cost, 3) for cost in costs]
+                       "costs": None if plan.costs is None else {layout: [rounded(cost) for cost in costs]
                                                                  for layout, costs in plan.costs.items()}}
                 for role, plan in self.plans.items()}
+
+    @classmethod
+    def from_dict(cls, plans):  # as_dict's inverse; a ValueError for what is not a plan of every role
+        if set(plans) != set(ROLES):
+            raise ValueError(f"a model plan has one plan for each of {ROLES}, got {sorted(plans)}")
+        return cls({role: LayoutPlan(tuple(plan["layouts"]), tuple(plan["rows_to_feed"]),
+                                     None if plan["costs"] is None else {name: tuple(costs) for name, costs
+                                                                         in plan["costs"].items()})
+                    for role, plan in plans.items()})
 
     def summary(self):
         """One line: each role's layouts by row count, and the row counts fed padded."""
@@ -245,195 +235,8 @@ def fast_layout(params, plan, in_place=False):
     return (params if unchanged else {**params, "blocks": blocks}), unembedding
 
 
-# ---- choosing, from this machine's measurements ------------------------------------------------
-
-
-def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None, native=None, second_copy=True):
-    """A LayoutPlan from measured costs {way: [cost of m rows, m = 1 .. MAX_ROWS]} (medians, any common unit).
-
-    - One way when the same one is cheapest for one row and for the blocks verification scores (2 to 9
-      rows, on average). When they differ, both are used (one for one row, the other for several) only if
-      each gains at least GAIN_WORTH_A_CHOICE and, where they need two layouts of the matrix, second_copy
-      allows one and holding the matrix twice takes under a quarter of the machine's memory; otherwise the
-      way whose advantage is the larger serves every block. Any other way must beat the `native` one (the
-      layout the matrix lies in, one thread) by GAIN_WORTH_A_CHOICE.
-    - m rows are fed as m' rows, m < m' <= 2 m, only where m' is cheaper beyond doubt: spread, {layout:
-      [(fastest, slowest) of m rows' rounds]}, must show m' rows' slowest round cheaper than m rows' fastest
-      by GAIN_WORTH_A_CHOICE (on the AVX2 EPYC two rows once cost 0.75 of a single row: real, but a busy
-      machine's noise can look the same, and a decode step fed twelve rows would cost several steps).
-    """
-    memory_bytes = physical_memory_bytes() if memory_bytes is None else memory_bytes
-    spread = spread or {layout: [(cost, cost) for cost in costs[layout]] for layout in costs}
-
-    def cheapest(cost_of):  # the cheapest layout, the native one unless another beats it by the margin
-        best = min(cost_of, key=cost_of.get)
-        return native if native in cost_of and cost_of[best] >= (1 - GAIN_WORTH_A_CHOICE) * cost_of[native] else best
-
-    one_row = {layout: cost[0] for layout, cost in costs.items()}
-    several_rows = {layout: statistics.mean(cost[m - 1] for m in VERIFY_ROWS) for layout, cost in costs.items()}
-    best_one, best_several = cheapest(one_row), cheapest(several_rows)
-    if best_one == best_several:
-        layouts = (best_one,) * MAX_ROWS
-    else:
-        gain_one = one_row[best_several] / one_row[best_one] - 1
-        gain_several = several_rows[best_one] / several_rows[best_several] - 1
-        one_layout = len({stored_as(layout_and_threads(name)[0]) for name in (best_one, best_several)}) == 1  # views
-        both_fit = one_layout or second_copy and 2.4 * weights_bytes < memory_bytes / 4  # panels up to 1.3x the matrix
-        if min(gain_one, gain_several) >= GAIN_WORTH_A_CHOICE and both_fit:
-            layouts = (best_one,) + (best_several,) * (MAX_ROWS - 1)
-        else:
-            layouts = (best_one if gain_one >= gain_several else best_several,) * MAX_ROWS
-    median = lambda rows: costs[layouts[rows - 1]][rows - 1]
-    fastest = lambda rows: spread[layouts[rows - 1]][rows - 1][0]
-    slowest = lambda rows: spread[layouts[rows - 1]][rows - 1][1]
-    rows_to_feed = []
-    for m in range(1, MAX_ROWS + 1):
-        cheaper = [rows for rows in range(m + 1, min(2 * m, MAX_ROWS) + 1)
-                   if slowest(rows) < (1 - GAIN_WORTH_A_CHOICE) * fastest(m)]
-        rows_to_feed.append(min(cheaper, key=median) if cheaper else m)
-    return LayoutPlan(layouts, tuple(rows_to_feed), {layout: tuple(cost) for layout, cost in costs.items()})
-
-
-def physical_memory_bytes():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a Unix: assume a laptop's 8 GB
-        return 8 * 2**30
-
-
 def role_matrices(params):
     """{role: the model's matrices of that role, in the order a forward pass reads them}."""
     roles = {f"{group}.{layer}": [block[group][layer]["w"] for block in params["blocks"]]
              for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj"))}
     return {**roles, "unembedding": [params["wte"].T]}
-
-
-def probe(matrices, probe_bytes=PROBE_BYTES):
-    """The first matrices up to probe_bytes, or the first columns of a single larger one (a slice of GPT-2
-    124M's 154 MB output projection behaves as the whole): a small model is judged on all of itself."""
-    if len(matrices) == 1 and matrices[0].nbytes > probe_bytes:
-        w = matrices[0]
-        return [w[:, :max(1, probe_bytes // (w.shape[0] * w.itemsize))]]
-    chosen, total = [], 0
-    for w in matrices:
-        if total >= probe_bytes:
-            break
-        chosen.append(w)
-        total += w.nbytes
-    return chosen
-
-
-def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=None, blas=None):
-    """{role: ({way: [median time of m rows through the role's probe, m = 1 .. MAX_ROWS]}, {way: [(fastest,
-    slowest) round]})}, in units of the role's median one row in its native layout (about four seconds for GPT-2
-    124M's probes, a second for the bundled pair's on the Zen 3, twice that with a split on two threads).
-
-    The ways are every layout on one thread and, with threads > 1 (default: THREADS.count), split over that many
-    and, unless blas is False (ways), on that many BLAS threads.
-    Within each round the row counts, the ways and the roles interleave, so that the machine's drift touches
-    them alike and each role's matrices come from memory (the others pass through the cache in between); a
-    first round warms up and is not kept. One row, the decode step, is timed one_row_rounds times in all: its
-    choice matters most, and it is the cheapest to time."""
-    threads = THREADS.count if threads is None else threads
-    names = ways(threads, blas)
-    stored = {}
-    for role, matrices in probes.items():
-        laid = {layout: [laid_out(w, layout) for w in matrices] for layout in LAYOUTS}
-        stored[role] = {name: [multiplier(w, name) for w in laid[layout_and_threads(name)[0]]] for name in names}
-    rng = np.random.default_rng(seed)
-    rows = {n_in: rng.standard_normal((MAX_ROWS, n_in)).astype(np.float32)
-            for matrices in probes.values() for n_in in {w.shape[0] for w in matrices}}
-    times = {(role, name, m): [] for role in probes for name in names for m in range(1, MAX_ROWS + 1)}
-    for round_ in range(rounds + 1):
-        for m in range(1, MAX_ROWS + 1):
-            for _ in range(-(-one_row_rounds // rounds) if m == 1 else 1):
-                for name in names:
-                    THREADS.use_blas_threads(on_blas_threads(name))  # started or stopped outside the timing
-                    for role in probes:
-                        start = time.perf_counter()
-                        for w in stored[role][name]:
-                            rows[w.shape[0]][:m] @ w
-                        if round_:
-                            times[role, name, m].append(time.perf_counter() - start)
-    result = {}
-    for role, matrices in probes.items():
-        unit = statistics.median(times[role, native_layout(matrices[0]) or LAYOUTS[0], 1])
-        costs = {name: [statistics.median(times[role, name, m]) / unit for m in range(1, MAX_ROWS + 1)]
-                 for name in names}
-        spread = {name: [(min(times[role, name, m]) / unit, max(times[role, name, m]) / unit)
-                         for m in range(1, MAX_ROWS + 1)] for name in names}
-        result[role] = costs, spread
-    return result
-
-
-def on_blas_threads_pays(measured, role_bytes, rows):
-    """Whether BLAS's own threads multiply these row counts (mean cost) faster than any other way, over all the
-    roles together: each role's cost in its own unit (a time through its probe) weighted by its bytes."""
-    def total(blas):
-        return sum(role_bytes[role] * min((statistics.mean(costs[name][m - 1] for m in rows)
-                                           for name in costs if on_blas_threads(name) == blas), default=math.inf)
-                   for role, (costs, _) in measured.items())
-    return total(True) < total(False)
-
-
-def on_one_side(times, blas, never):
-    """times {way: [per row count m]} with `never` for every way on the other side of the model's choice, blas:
-    {(1,): BLAS's threads for one row?, VERIFY_ROWS: for several?}: plan_from_costs then chooses on that side."""
-    side = lambda m: blas[(1,) if m == 1 else VERIFY_ROWS]
-    return {name: [time if on_blas_threads(name) == side(m) else never for m, time in enumerate(by_rows, 1)]
-            for name, by_rows in times.items()}
-
-
-def blas_by_rows(plan):  # whether the plan multiplies m rows on BLAS's threads, m = 1 .. MAX_ROWS
-    return tuple(on_blas_threads(plan.layout(plan.rows(m))) for m in range(1, MAX_ROWS + 1))
-
-
-MEASURED_PLANS = {}  # measured once per process for each set of weight shapes and thread count
-COPY_BUDGET = 0.25  # second layouts of a large model's matrices may take at most this share of its weights
-LARGE_MODEL = 1 / 16  # a model whose weights take more than this share of the machine's memory is large
-
-
-def measure_plan(params):
-    """This machine's ModelPlan for these weights: every role timed on its own probe (under a second for the
-    bundled pair, two to three seconds for GPT-2 124M; once per process for each set of shapes and threads).
-
-    A second layout of a role's matrices (one for one row, another for several) is kept only where it pays; for a
-    large model (LARGE_MODEL) all such copies together must also stay within COPY_BUDGET of its weights, the
-    smallest first: GPT-2 1558M held twice (13 GB) would not fit many laptops, the bundled pair's 24 MB would.
-
-    BLAS's own threads, offered to a model over STREAMING_BYTES, serve one row (and, apart, several rows) in every
-    role or in none, whichever costs less over the whole model: a pass that took turns between them and our split
-    would stop and start OpenBLAS's threads at every product (engine/threads.py)."""
-    matrices = role_matrices(params)
-    shapes = tuple(w.shape for role in ROLES for w in matrices[role]) + (THREADS.count,)
-    if shapes not in MEASURED_PLANS:
-        role_bytes = {role: sum(w.nbytes for w in matrices[role]) for role in ROLES}
-        offered = THREADS.blas_threading and sum(role_bytes.values()) > STREAMING_BYTES
-        measured = measure_costs_by_layout({role: probe(matrices[role]) for role in ROLES}, blas=offered)
-        blas = {rows: offered and on_blas_threads_pays(measured, role_bytes, rows) for rows in ((1,), VERIFY_ROWS)}
-
-        def plan(role, second_copy=True, blas=blas):
-            costs, spread = measured[role]
-            chosen = plan_from_costs(on_one_side(costs, blas, math.inf), weights_bytes=role_bytes[role],
-                                     spread=on_one_side(spread, blas, (math.inf, math.inf)),
-                                     native=native_layout(matrices[role][0]), second_copy=second_copy)
-            return dataclasses.replace(chosen, costs={name: tuple(by_rows) for name, by_rows in costs.items()})
-
-        def plans_within_budget(blas):
-            plans = {role: plan(role, blas=blas) for role in ROLES}
-            weights = sum(role_bytes.values())
-            budget = COPY_BUDGET * weights if weights > LARGE_MODEL * physical_memory_bytes() else math.inf
-            copied = sorted((role for role in ROLES if len(plans[role].kept) > 1), key=lambda role: role_bytes[role])
-            for role in copied:  # the smallest copies first: the most roles sped up for the memory
-                if role_bytes[role] <= budget:
-                    budget -= role_bytes[role]
-                else:
-                    plans[role] = plan(role, second_copy=False, blas=blas)
-            return plans
-
-        plans = plans_within_budget(blas)
-        chosen = tuple(blas[(1,) if m == 1 else VERIFY_ROWS] for m in range(1, MAX_ROWS + 1))
-        if any(blas_by_rows(plans[role]) != chosen for role in ROLES):  # a copy refused, or a block padded across
-            plans = plans_within_budget({(1,): False, VERIFY_ROWS: False})  # the choice, broke it: no BLAS threads
-        MEASURED_PLANS[shapes] = ModelPlan(plans)
-    return MEASURED_PLANS[shapes]

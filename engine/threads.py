@@ -4,15 +4,16 @@ A decode step of a large model streams every weight from memory once, and one co
 bandwidth a machine has. OpenBLAS can spread a product over its own threads, but on a 2-core Intel Xeon
 (family 6, model 207, AVX-512, SkylakeX kernels) two BLAS threads made scoring 2 to 9 rows through GPT-2
 1558M cost 2.8-3.3 decode steps against 1.1-2.1 with one, which makes speculative sampling worthless there.
-So BLAS keeps one thread per call (set with OpenBLAS's openblas_set_num_threads when this module loads; one row
-of a large model aside, see BlasThreaded below) and the split is ours: x @ w becomes x @ w[:, group] for a few
+So BLAS keeps one thread per call once a program opts into the measured layouts or sets --threads (THREADS.set
+calls OpenBLAS's openblas_set_num_threads; importing this module changes nothing; one row of a large model aside,
+see BlasThreaded below) and the split is ours: x @ w becomes x @ w[:, group] for a few
 column groups at once, one on the calling thread and the rest on a small pool of Python threads (NumPy lets go
 of the interpreter lock inside a product), and the groups' outputs are joined. Each output column is the same
 dot product either way; only who computes it changes. The groups are views of the matrix as it is stored (row-
 major, column-major or column panels): no copy. A hand-off costs 40-90 microseconds on these virtual machines
 (waking a sleeping thread; a pair of locks instead of the pool measured no faster in a decode step).
 
-Whether a split pays is measured, per matrix role and row count, with the layouts (layouts.measure_plan):
+Whether a split pays is measured, per matrix role and row count, with the layouts (measure.measure_plan):
 for GPT-2 1558M nearly everywhere, for the bundled pair's small matrices rarely.
 
 For one row BLAS's own threads can be faster still: OpenBLAS's idle threads spin instead of sleeping, so it
@@ -62,17 +63,24 @@ def openblas_call(name, restype, *args):
     return None if function is None else function(*args)
 
 
+def thread_count(count):  # None: every usable core; else checked
+    count = usable_cores() if count is None else count
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"the number of threads must be a positive integer, got {count!r}")
+    return count
+
+
 class Threads:
     """How many threads a split product uses, and the pool that runs all groups but the caller's."""
 
-    def __init__(self, count=None):
-        self.count, self.pool = 1, None
+    def __init__(self, count=None):  # count: as for set(); OpenBLAS is left as it is until set() is called
+        self.count = thread_count(count)
+        self.pool = ThreadPoolExecutor(self.count - 1, "product") if self.count > 1 else None  # starts no thread yet
         self.blas_awake = True  # whether OpenBLAS's own threads may be running (spinning when idle)
         set_threads = openblas_function("set_num_threads", None)
         self.blas_set = (lambda n: set_threads(ctypes.c_int(n))) if set_threads else None
         self.blas_start = openblas_function("blas_thread_init", ctypes.c_int)
         self.blas_stop = openblas_function("blas_thread_shutdown_", ctypes.c_int)
-        self.set(count)
 
     @property
     def blas_threading(self):  # whether BlasThreaded can work here: NumPy's own OpenBLAS, and several threads
@@ -94,20 +102,23 @@ class Threads:
             self.blas_set(1)
 
     def set(self, count=None):
-        """Use `count` threads (default: every usable core); 1 means no split anywhere."""
-        count = usable_cores() if count is None else count
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"the number of threads must be a positive integer, got {count!r}")
+        """Use `count` threads (default: every usable core); 1 means no split anywhere. BLAS then runs one thread
+        per call: its own threads would compete with ours (BlasThreaded uses them one product at a time)."""
+        count = thread_count(count)
         if self.blas_set:
-            self.blas_set(1)  # BLAS's own threads would compete with ours (BlasThreaded uses them one product at a time)
+            self.blas_set(1)
         if count != self.count or self.pool is None and count > 1:
             if self.pool is not None:
                 self.pool.shutdown()
             self.count, self.pool = count, ThreadPoolExecutor(count - 1, "product") if count > 1 else None
         return self
 
+    def claim(self):
+        """Take the cores as set() does, keeping the count: what measuring or using a plan does first."""
+        return self.set(self.count)
 
-THREADS = Threads()  # one pool per process, sized once by the entry point (main.py --threads)
+
+THREADS = Threads()  # one pool per process, sized by the entry point (main.py --threads); nothing set at import
 
 
 def column_groups(n_columns, n_groups, align=ALIGN):
@@ -118,7 +129,7 @@ def column_groups(n_columns, n_groups, align=ALIGN):
 
 
 class SplitMatrix:
-    """w [n_in, n_out] (an array, or layouts.ColumnPanels, cut between its panels) multiplied in n_groups column
+    """w [n_in, n_out] (an array, or panels.ColumnPanels, cut between its panels) multiplied in n_groups column
     groups at once, on the calling thread and THREADS' pool.
 
     `x @ split` gives x @ w: the first group on the calling thread, the others on the pool, joined in order."""

@@ -30,6 +30,8 @@ import numpy as np
 from jax import lax
 
 import gpt2
+from kvcache.contract import CachedModel
+from kvcache.tree import MASKED, check_tree, tree_feed
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -169,7 +171,7 @@ def move_cache_slots(cache, sources, destinations):
 # ------------------------------------------------------------------------------------------ the model
 
 
-class JaxGPT2Model:
+class JaxGPT2Model(CachedModel):
     """GPT2Model's interface and cache rollback, computed by JAX on its default device.
 
     The cache has the compute dtype (float32, or bfloat16 to halve its reads as well as the weights').
@@ -188,8 +190,7 @@ class JaxGPT2Model:
     def reset(self):
         """Forget everything cached (start a new sequence)."""
         self.cache = gpt2.empty_cache(self.hparams, xp=jnp, dtype=COMPUTE_DTYPES[self.dtype])
-        self.cached_tokens = np.zeros(0, dtype=np.int64)
-        self.tree = None  # (x, tokens, parents) of the last tree_logits call, until keep_tree_path
+        super().reset()
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab], float32 NumPy
         x = self._check_tokens(x)
@@ -232,22 +233,19 @@ class JaxGPT2Model:
     def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab], float32 NumPy
         """gpt2.GPT2Model.tree_logits in one device call: the logits after x (row 0) and after x followed by each
         node's path (row 1 + i). What the cache lacks of x and the n nodes are fed as one padded block (a bucket,
-        as in _feed) with gpt2.tree_mask's rule; the nodes' keys and values wait in the slots after x."""
+        as in _feed) with kvcache/tree.py's mask; the nodes' keys and values wait in the slots after x."""
         x = self._check_tokens(x)
-        tokens, parents = gpt2.check_tree(tokens, parents, self.n_vocab)
+        tokens, parents = check_tree(tokens, parents, self.n_vocab)
         if len(x) + len(tokens) > self.n_ctx:
             raise ValueError(f"a tree of {len(tokens)} nodes after {len(x)} tokens exceeds the model's context "
                              f"of {self.n_ctx}")
-        resume = min(gpt2.common_prefix_length(self.cached_tokens, x), len(x) - 1)  # x's last token is fed again
+        resume = self.resume(x, n_last=1)[0]  # x's last token is fed again
         bucket = bucket_size(len(x) - resume + len(tokens), self.n_ctx)
         start = min(resume, self.n_ctx - bucket)  # near the end of the context the block begins earlier
-        depths, sees = gpt2.tree_ancestry(parents)
         n_fed, n_real = len(x) - start, len(x) - start + len(tokens)  # the prefix's tokens fed, then the nodes
         block, positions = np.zeros(bucket, dtype=np.int32), np.zeros(bucket, dtype=np.int32)
-        block[:n_real] = np.concatenate([x[start:], tokens])
-        positions[:n_real] = np.concatenate([np.arange(start, len(x)), len(x) - 1 + depths])  # the nodes' by depth
-        mask = np.full((bucket, self.n_ctx), gpt2.MASKED, dtype=np.float32)
-        mask[:n_real, :len(x) + len(tokens)] = gpt2.tree_mask(start, len(x), sees)
+        mask = np.full((bucket, self.n_ctx), MASKED, dtype=np.float32)
+        block[:n_real], positions[:n_real], mask[:n_real, :len(x) + len(tokens)] = tree_feed(x, tokens, parents, start)
         mask[n_real:, 0] = 0.0  # a padding row sees the first position (its output is dropped)
         logits, self.cache = feed_tree(self.params, self.cache, block, positions, mask, np.int32(start),
                                        n_head=self.n_head)
@@ -258,11 +256,7 @@ class JaxGPT2Model:
     def keep_tree_path(self, nodes):
         """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x;
         its nodes' keys and values move to their depths' slots in one device call."""
-        if self.tree is None or self.tree[0] is not self.cached_tokens:
-            raise ValueError("keep_tree_path must follow a tree_logits call, with no other call between them")
-        x, tokens, parents = self.tree
-        nodes = gpt2.check_tree_path(nodes, parents)
-        self.tree = None
+        x, tokens, nodes = self.take_tree_path(nodes)
         if len(nodes):
             n_moves = bucket_size(len(nodes), self.n_ctx)  # padded with the last move again: the same write
             sources = np.full(n_moves, len(x) + nodes[-1], dtype=np.int32)
@@ -278,9 +272,9 @@ class JaxGPT2Model:
         brings back one row; anything else brings back the whole padded block, so that n_last, like the
         block's length, takes few distinct values and compiles few programs.
         """
-        start = min(gpt2.common_prefix_length(self.cached_tokens, x), len(x) - n_last)  # roll back to here
-        block, block_start = self._padded_block(x, start)
-        n_real = len(x) - block_start  # real tokens in the block; the rest is padding
+        start, new_tokens = self.resume(x, n_last)  # roll back to start and feed new_tokens there
+        block, block_start = self._padded_block(x, start, new_tokens)
+        n_real = start + len(new_tokens) - block_start  # real tokens in the block; the rest is padding
         n_out = 1 if n_last == 1 else len(block)
         first_row = n_real - n_out if n_last == 1 else 0
         rows, self.cache = feed_block(self.params, self.cache, block, np.int32(block_start), np.int32(first_row),
@@ -298,14 +292,15 @@ class JaxGPT2Model:
             raise ValueError(f"token ids must lie in [0, {self.n_vocab}), got {x.min()}..{x.max()}")
         return x.astype(np.int64)
 
-    def _padded_block(self, x, start):
-        """x[start:] padded with token 0 to a bucket size -> (block int32 [bucket], its first position).
+    def _padded_block(self, x, start, new_tokens):
+        """new_tokens (x[start:]) padded with token 0 to a bucket size -> (block int32 [bucket], its first position).
 
         Near the end of the context the bucket may not fit after start; the block then begins earlier and
-        feeds some cached tokens again, which rewrites their keys and values (the same up to rounding).
+        feeds some of x's cached tokens again, which rewrites their keys and values (the same up to rounding).
         """
-        bucket = bucket_size(len(x) - start, self.n_ctx)
+        bucket = bucket_size(len(new_tokens), self.n_ctx)
         block_start = min(start, self.n_ctx - bucket)
         block = np.zeros(bucket, dtype=np.int32)
-        block[:len(x) - block_start] = x[block_start:]
+        block[:start - block_start] = x[block_start:start]
+        block[start - block_start:start - block_start + len(new_tokens)] = new_tokens
         return block, block_start

@@ -1,6 +1,7 @@
 """Shared test setup. Under CI=true a skipped test fails: parity tests must run there."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ def give_each_xdist_worker_its_own_cores():
 
 
 give_each_xdist_worker_its_own_cores()  # before NumPy, JAX or torch start their threads
+# measured layout plans go to a folder of this test run, never to the user's cache (engine/plan_cache.py)
+os.environ["SPECULATIVE_KIT_CACHE"] = tempfile.mkdtemp(prefix="speculative-kit-cache-")
 
 # The slow tier: what executes notebooks, runs a benchmark or a training tool end to end, compiles JAX's device
 # loops, or checks the documents. Everything else is the quick tier (`python -m pytest -m quick`): the model against
@@ -59,8 +62,8 @@ def bundled_pair_after(text):  # -> (text's tokens, the draft, the target), the 
 
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", REPO / "models")
-    return (encoder.encode(text), gpt2.GPT2Model(draft_params, draft_hparams, layout="plain"),
-            gpt2.GPT2Model(target_params, target_hparams, layout="plain"))
+    return (encoder.encode(text), gpt2.GPT2Model(draft_params, draft_hparams),
+            gpt2.GPT2Model(target_params, target_hparams))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 from encoder import get_encoder_from_dir
 from engine import layouts
@@ -46,8 +47,8 @@ def test_decode_bench_times_the_same_greedy_tokens_as_transformers():
     assert len(step_seconds) == len(hf_step_seconds) == 11  # decode steps only: the prompt is not timed
     assert min(step_seconds) > 0 and min(hf_step_seconds) > 0
 
-    plain = gpt2.GPT2Model(params, TINY, layout="plain")
-    costs, one_token_ms = decode.verify_costs({"panels": gpt2.GPT2Model(params, TINY, layout="panels"), "plain": plain},
+    plain = gpt2.GPT2Model(params, TINY)
+    costs, one_token_ms = decode.verify_costs({"panels": engine.fast_model(params, TINY, layout="panels"), "plain": plain},
                                               prompt + tokens, repeats=3, block_lengths=[2, 5])
     assert set(costs) == set(one_token_ms) == {"panels", "plain"}
     assert all(sorted(curve) == [1, 2, 5] for curve in costs.values()) and min(one_token_ms.values()) > 0
@@ -67,9 +68,9 @@ def test_decode_bench_counts_every_weight_once():
     assert gpt2_parameter_count(**decode.HPARAMS_124M) == 124_439_808  # GPT-2 "124M"
     params = gpt2.init_params(TINY, np.random.default_rng(0))
     assert decode.params_nbytes(params) == 4 * gpt2_parameter_count(**TINY)
-    assert decode.model_nbytes(gpt2.GPT2Model(params, TINY, layout="plain")) == 4 * gpt2_parameter_count(**TINY)
+    assert decode.model_nbytes(gpt2.GPT2Model(params, TINY)) == 4 * gpt2_parameter_count(**TINY)
     # panels: every linear weight is copied into panels (n_out padded to a multiple of 32), and so is wte.T
-    panelled = decode.model_nbytes(gpt2.GPT2Model(params, TINY, layout="panels"))
+    panelled = decode.model_nbytes(engine.fast_model(params, TINY, layout="panels"))
     n_embd, n_layer, n_vocab = TINY["n_embd"], TINY["n_layer"], TINY["n_vocab"]
     vocab_panels = -(-n_vocab // 32) * 32 * n_embd
     assert panelled == 4 * (gpt2_parameter_count(**TINY) + vocab_panels)  # TINY's other widths are multiples of 32

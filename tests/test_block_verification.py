@@ -309,8 +309,8 @@ def test_greedy_equals_autoregressive_greedy_on_tables(cached):
 def test_greedy_equals_autoregressive_greedy_on_the_bundled_pair():
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params("teach-draft", REPO / "models")
-    target = gpt2.GPT2Model(target_params, target_hparams, layout="plain")
-    draft = gpt2.GPT2Model(draft_params, draft_hparams, layout="plain")
+    target = gpt2.GPT2Model(target_params, target_hparams)
+    draft = gpt2.GPT2Model(draft_params, draft_hparams)
     prompt = encoder.encode("def fibonacci(n):")
     expected = sampling.autoregressive_sampling(prompt, target, 16, temperature=0)
     for K in (2, 5):

@@ -14,6 +14,7 @@ import gpt2
 import sampling
 from classroom import bug_zoo, lossless
 from speedup.stats import SpeculativeStats
+from kvcache import contract
 from test_exactness import HPARAMS, perturbed, random_target
 
 DISTRIBUTION_BUGS = [bug.name for bug in bug_zoo.BUGS if not bug.speed_only]
@@ -41,7 +42,7 @@ def test_every_patch_applies_to_the_current_reference_and_changes_it(name):
     diff = variant.diff()
     assert diff.startswith("--- a/") and "\n+" in diff and "\n-" in diff
     for patch in variant.patches:
-        assert f"a/{patch.module.__name__}.py" in diff
+        assert f"a/{patch.module.__name__.replace('.', '/')}.py" in diff
 
 
 def test_a_patch_whose_lines_are_gone_raises_naming_the_bug_and_the_lines():
@@ -87,9 +88,9 @@ def test_exact_match_verification_is_lossless_but_accepts_less():
     assert accepted["exact match"] < accepted["rejection"] - 0.1
 
 
-def test_model_side_bugs_reach_gpt2_models_and_are_undone_afterwards():
-    """A cache bug patched into gpt2.cache_resume breaks greedy identity on a real (random-weight) GPT2Model."""
-    original = gpt2.cache_resume
+def test_model_side_bugs_reach_every_cached_model_and_are_undone_afterwards():
+    """A cache bug patched into contract.cache_resume breaks greedy identity on a real (random-weight) GPT2Model."""
+    original = contract.cache_resume
     target_params = random_target()
     target = gpt2.GPT2Model(target_params, HPARAMS)
     draft = gpt2.GPT2Model(perturbed(target_params, 0.3, 1), HPARAMS)
@@ -99,14 +100,14 @@ def test_model_side_bugs_reach_gpt2_models_and_are_undone_afterwards():
         target.reset(), draft.reset()
         buggy = bug_zoo.ZOO[name].decoder()(prompt, draft, target, 24, 4, 0, temperature=0)
         assert not np.array_equal(buggy, expected), name
-        assert gpt2.cache_resume is original  # restored
+        assert contract.cache_resume is original  # restored
     target.reset(), draft.reset()
     assert np.array_equal(sampling.speculative_sampling(prompt, draft, target, 24, 4, temperature=0), expected)
 
 
 def test_a_model_side_patch_is_undone_even_when_the_decoder_raises():
-    original = gpt2.cache_resume
+    original = contract.cache_resume
     with pytest.raises(ValueError):
         bug_zoo.ZOO["no_rollback"].decoder()([1, 2], lossless.TableCallable(lossless.random_context_table(4, 1)),
                                              lossless.TableCallable(lossless.random_context_table(4, 2)), -1, 2)
-    assert gpt2.cache_resume is original
+    assert contract.cache_resume is original

@@ -10,6 +10,7 @@ import gpt2
 import main
 import sampling
 import utils
+from bench.text_quality import perplexity
 from conftest import REPO
 from speedup.stats import SpeculativeStats
 
@@ -54,8 +55,8 @@ def test_the_pair_loads_as_float32_with_the_documented_shapes(pair):
 def test_held_out_perplexity_stays_at_the_recorded_value(pair):
     encoder, (target_hparams, target_params), (draft_hparams, draft_params) = pair
     tokens = np.asarray(encoder.encode(HELD_OUT.read_text(encoding="utf-8")))
-    target_ppl = gpt2.perplexity(tokens, target_params, target_hparams)
-    draft_ppl = gpt2.perplexity(tokens, draft_params, draft_hparams)
+    target_ppl = perplexity(tokens, target_params, target_hparams)
+    draft_ppl = perplexity(tokens, draft_params, draft_hparams)
     assert target_ppl <= TARGET_PERPLEXITY_AT_MOST
     assert draft_ppl <= DRAFT_PERPLEXITY_AT_MOST
     assert target_ppl < draft_ppl  # the target is the better model

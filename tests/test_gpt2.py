@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 from engine import layouts
 
@@ -261,14 +262,14 @@ def test_fast_layouts_give_the_plain_paths_logits_for_every_block_length(n, layo
     tokens = rng.integers(0, hparams["n_vocab"], size=hparams["n_ctx"])
     diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % hparams["n_vocab"]])  # differs from position 4 on
     expected, expected_diverged = (full_logits(t, params, hparams) for t in (tokens, diverged))
-    model = gpt2.GPT2Model(params, hparams, layout=layout)
+    model = engine.fast_model(params, hparams, layout=layout)
     assert model.logits(tokens[:7]).dtype == np.float32  # 7 cached
     np.testing.assert_allclose(model.logits(tokens[:7 + n], n_last=n), expected[7:7 + n], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(model.logits(diverged[:4 + n], n_last=n), expected_diverged[4:4 + n],  # rolled back
                                rtol=1e-5, atol=1e-5)
     model.logits(tokens[:hparams["n_ctx"] - n])
     np.testing.assert_allclose(model.logits(tokens, n_last=n), expected[-n:], rtol=1e-5, atol=1e-5)
-    plain = gpt2.GPT2Model(params, hparams, layout="plain")
+    plain = gpt2.GPT2Model(params, hparams)
     np.testing.assert_allclose(plain.logits(tokens, n_last=n), expected[-n:], rtol=1e-5, atol=1e-5)
 
 
@@ -299,7 +300,7 @@ def test_model_accepts_lists(cache_setup):
 
 def test_panels_keep_the_numbers_and_the_callers_params(cache_setup):
     params, _, _ = cache_setup
-    model = gpt2.GPT2Model(params, CACHE_HPARAMS, layout="panels")
+    model = engine.fast_model(params, CACHE_HPARAMS, layout="panels")
     for block, laid_out in zip(params["blocks"], model.params["blocks"]):
         for group, layer in (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")):
             w, fast = block[group][layer]["w"], laid_out[group][layer]["w"]
@@ -313,14 +314,14 @@ def test_panels_keep_the_numbers_and_the_callers_params(cache_setup):
     assert model.params["wte"] is params["wte"]
     unembedding = model.unembedding.stored["panels"].panels.transpose(1, 0, 2).reshape(CACHE_HPARAMS["n_embd"], -1)
     assert np.array_equal(unembedding[:, :CACHE_HPARAMS["n_vocab"]], params["wte"].T)
-    plain = gpt2.GPT2Model(params, CACHE_HPARAMS, layout="plain")
+    plain = gpt2.GPT2Model(params, CACHE_HPARAMS)
     assert plain.params is params and plain.unembedding is None
-    both = gpt2.GPT2Model(params, CACHE_HPARAMS, layout=MIXED_PLAN)
+    both = engine.fast_model(params, CACHE_HPARAMS, layout=MIXED_PLAN)
     w = both.params["blocks"][0]["mlp"]["c_fc"]["w"]
     assert w.stored["row-major"] is params["blocks"][0]["mlp"]["c_fc"]["w"]  # the layout it lies in: the caller's array
     assert w.nbytes == w.stored["row-major"].nbytes + w.stored["panels"].nbytes
     with pytest.raises(ValueError, match="unknown layout"):
-        gpt2.GPT2Model(params, CACHE_HPARAMS, layout="columns")
+        engine.fast_model(params, CACHE_HPARAMS, layout="columns")
 
 
 # ------------------------------------------------------------------------------------------ context limit

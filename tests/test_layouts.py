@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpt2
-from engine import layouts
+from engine import layouts, measure
 from engine.threads import THREADS
 from gpt2_cases import random_params
 
@@ -82,25 +82,25 @@ GB = 2**30
 
 
 def test_plan_keeps_one_layout_when_it_wins_one_row_and_several():
-    plan = layouts.plan_from_costs(ZEN5_LIKE, weights_bytes=GB, memory_bytes=24 * GB)
+    plan = measure.plan_from_costs(ZEN5_LIKE, weights_bytes=GB, memory_bytes=24 * GB)
     assert plan.kept == ("panels",)
     assert plan.costs["panels"] == tuple(ZEN5_LIKE["panels"])
     assert all(rows >= m for m, rows in zip(ROWS, plan.rows_to_feed))
 
 
 def test_plan_keeps_both_where_each_gains_enough_and_memory_allows():
-    plan = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
+    plan = measure.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
     assert plan.layouts[0] == "row-major" and set(plan.layouts[1:]) == {"panels"}
     # the same costs for a model too large to hold twice: the layout with the larger advantage serves all
-    large = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=4 * GB, memory_bytes=24 * GB)
+    large = measure.plan_from_costs(ZEN3_LIKE, weights_bytes=4 * GB, memory_bytes=24 * GB)
     assert len(large.kept) == 1
     # and a one-row gain below GAIN_WORTH_A_CHOICE is not worth holding the weights twice
     close = dict(ZEN3_LIKE, panels=[1.02] + ZEN3_LIKE["panels"][1:])
-    assert layouts.plan_from_costs(close, weights_bytes=GB // 2, memory_bytes=24 * GB).kept == ("panels",)
+    assert measure.plan_from_costs(close, weights_bytes=GB // 2, memory_bytes=24 * GB).kept == ("panels",)
 
 
 def test_plan_pads_rows_only_where_more_rows_are_cheaper_beyond_doubt():
-    plan = layouts.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
+    plan = measure.plan_from_costs(ZEN3_LIKE, weights_bytes=GB // 2, memory_bytes=24 * GB)
     assert plan.rows_to_feed[2] == 3  # 4 rows (2.0) are cheaper than 3 (2.1), but by less than 5%
     assert plan.rows_to_feed[6] == 8  # 7 rows (2.5) fed as 8 (2.0)
     assert plan.rows_to_feed[10] == 12  # 11 rows (3.0) fed as 12 (2.3)
@@ -108,22 +108,22 @@ def test_plan_pads_rows_only_where_more_rows_are_cheaper_beyond_doubt():
     costs = [plan.costs[plan.layout(rows)][rows - 1] for rows in plan.rows_to_feed]
     assert all(cost <= plan.costs[plan.layout(m)][m - 1] for m, cost in zip(ROWS, costs))
     flat = {"row-major": [1.0] * 16, "panels": [1.5] * 16}  # equal costs: nothing is padded
-    assert layouts.plan_from_costs(flat, weights_bytes=GB).rows_to_feed == tuple(ROWS)
+    assert measure.plan_from_costs(flat, weights_bytes=GB).rows_to_feed == tuple(ROWS)
     # a busy machine: 12 rows' median looks cheaper than one row's, but their rounds overlap: no padding,
     # and never beyond twice the rows
     noisy = {"row-major": [1.0] + [0.8] * 15, "panels": [1.2] * 16}
     overlapping = {"row-major": [(0.5, 3.0)] * 16, "panels": [(0.6, 3.0)] * 16}
-    assert layouts.plan_from_costs(noisy, weights_bytes=GB, spread=overlapping).rows_to_feed == tuple(ROWS)
-    believed = layouts.plan_from_costs(noisy, weights_bytes=GB)  # without a spread the medians are believed...
+    assert measure.plan_from_costs(noisy, weights_bytes=GB, spread=overlapping).rows_to_feed == tuple(ROWS)
+    believed = measure.plan_from_costs(noisy, weights_bytes=GB)  # without a spread the medians are believed...
     assert believed.rows_to_feed[:3] == (2, 2, 3)  # ...but one row is fed as two at most, not as twelve
 
 
 def test_plan_prefers_the_layout_a_matrix_lies_in_unless_another_is_clearly_cheaper():
     close = {"row-major": [1.0] * 16, "column-major": [0.97] * 16, "panels": [1.5] * 16}
-    assert layouts.plan_from_costs(close, native="row-major").kept == ("row-major",)  # 3% is no reason to copy
-    assert layouts.plan_from_costs(close, native="column-major").kept == ("column-major",)
+    assert measure.plan_from_costs(close, native="row-major").kept == ("row-major",)  # 3% is no reason to copy
+    assert measure.plan_from_costs(close, native="column-major").kept == ("column-major",)
     clear = dict(close, **{"column-major": [0.8] * 16})
-    assert layouts.plan_from_costs(clear, native="row-major").kept == ("column-major",)
+    assert measure.plan_from_costs(clear, native="row-major").kept == ("column-major",)
 
 
 def test_planned_matrices_hold_each_layout_once_and_no_copy_of_the_layout_they_lie_in():
@@ -160,16 +160,16 @@ def test_fast_layout_keeps_the_callers_arrays_where_the_plan_multiplies_them_as_
 def test_measured_plan_is_valid_and_measured_once_per_shapes():
     hparams = dict(n_vocab=300, n_ctx=32, n_embd=64, n_head=4, n_layer=2)
     params = random_params(hparams, seed=0)
-    layouts.MEASURED_PLANS.clear()
-    plan = layouts.measure_plan(params)  # a small model: BLAS's threads are not offered (layouts.STREAMING_BYTES)
+    measure.MEASURED_PLANS.clear()
+    plan = measure.measure_plan(params)  # a small model: BLAS's threads are not offered (measure.STREAMING_BYTES)
     assert set(plan.plans) == set(layouts.ROLES)
     for role, group in plan.plans.items():
         assert len(group.layouts) == len(group.rows_to_feed) == layouts.MAX_ROWS
         assert set(group.costs) == set(layouts.ways(THREADS.count, blas=False)) and all(cost > 0 for costs in group.costs.values() for cost in costs)
         native = "column-major" if role == "unembedding" else "row-major"
         assert group.costs[native][0] == pytest.approx(1.0)  # the unit: one row in the layout the matrix lies in
-    assert layouts.measure_plan(random_params(hparams, seed=1)) is plan  # the same shapes: not measured again
-    assert len(layouts.MEASURED_PLANS) == 1
+    assert measure.measure_plan(random_params(hparams, seed=1)) is plan  # the same shapes: not measured again
+    assert len(measure.MEASURED_PLANS) == 1
 
 
 def test_probes_stop_once_they_hold_enough_bytes():
@@ -178,11 +178,11 @@ def test_probes_stop_once_they_hold_enough_bytes():
     assert list(roles) == list(layouts.ROLES) and len(roles["attn.c_attn"]) == 3
     assert roles["attn.c_attn"][0] is params["blocks"][0]["attn"]["c_attn"]["w"]
     blocks = roles["mlp.c_fc"]
-    assert layouts.probe(blocks, probe_bytes=10**9) == blocks
-    assert layouts.probe(blocks, probe_bytes=blocks[0].nbytes) == blocks[:1]
-    (whole,) = layouts.probe(roles["unembedding"], probe_bytes=10**9)
+    assert measure.probe(blocks, probe_bytes=10**9) == blocks
+    assert measure.probe(blocks, probe_bytes=blocks[0].nbytes) == blocks[:1]
+    (whole,) = measure.probe(roles["unembedding"], probe_bytes=10**9)
     assert whole.shape == (16, 50) and np.shares_memory(whole, params["wte"])  # a view, not a copy
-    (first,) = layouts.probe(roles["unembedding"], probe_bytes=10 * 16 * 4)
+    (first,) = measure.probe(roles["unembedding"], probe_bytes=10 * 16 * 4)
     np.testing.assert_array_equal(first, params["wte"][:10].T)
 
 
@@ -192,7 +192,7 @@ sys.path[:0] = sys.argv[1:3]
 import gpt2, sampling
 from gpt2_cases import random_params
 hparams = dict(n_vocab=300, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
-draft, target = (gpt2.GPT2Model(random_params(hparams, seed), hparams, layout="plain") for seed in (1, 0))
+draft, target = (gpt2.GPT2Model(random_params(hparams, seed), hparams) for seed in (1, 0))
 tokens = sampling.speculative_sampling([5, 6, 7], draft, target, 40, 3, rng=0, temperature=1.0, top_p=0.9)
 print(tokens.tolist(), hashlib.sha256(target.logits(tokens, len(tokens)).tobytes()).hexdigest())
 """

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-import gpt2
 import sampling
 from classroom import lossless
+from kvcache import contract
 
 
 @functools.cache
@@ -174,10 +174,10 @@ def test_the_cached_model_gives_the_plain_models_distributions_whatever_it_was_f
         np.testing.assert_allclose(sampling.softmax(logits), plain(x)[-n_last:], rtol=1e-6)
 
 
-def test_the_cached_model_resumes_through_gpt2s_rollback_decision(monkeypatch):
+def test_the_cached_model_resumes_through_the_one_rollback_decision(monkeypatch):
     decisions = []
-    real = gpt2.cache_resume
-    monkeypatch.setattr(gpt2, "cache_resume", lambda *args: decisions.append(args) or real(*args))
+    real = contract.cache_resume
+    monkeypatch.setattr(contract, "cache_resume", lambda *args: decisions.append(args) or real(*args))
     model = lossless.CachedTableModel(lossless.random_context_table(4, seed=1))
     model.logits([1, 2, 3], 1)
     model.logits([1, 2, 0, 3], 2)

@@ -9,6 +9,7 @@ import pytest
 import gpt2
 import sampling
 from speedup.stats import SpeculativeStats, expected_speedup, expected_tokens_per_loop
+from kvcache import contract
 from test_exactness import HPARAMS, TableCallable, TableModel, DRAFT_TABLE, TARGET_TABLE, perturbed, random_target
 
 # ---- logits -> probabilities -------------------------------------------------------------------
@@ -193,7 +194,7 @@ class Spy:
     def logits(self, x, n_last=1):
         x = np.asarray(x)
         self.calls.append((len(x), n_last))
-        if gpt2.common_prefix_length(self.previous, x) < len(self.previous):  # x drops tokens we fed before
+        if contract.common_prefix_length(self.previous, x) < len(self.previous):  # x drops tokens we fed before
             self.calls_after_rollback += 1
         self.previous = x
         logits = self.model.logits(x, n_last)

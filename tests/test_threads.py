@@ -7,8 +7,9 @@ import ctypes
 import numpy as np
 import pytest
 
+import engine
 import gpt2
-from engine import layouts
+from engine import layouts, measure
 from engine import threads
 from engine.threads import THREADS, BlasThreaded, SplitMatrix, column_groups
 from gpt2_cases import random_params
@@ -55,8 +56,8 @@ def assert_plain_logits_across_rollbacks(plan, n, multiplier_type):
     params = random_params(HPARAMS, seed=n)
     tokens = np.random.default_rng(n).integers(0, HPARAMS["n_vocab"], size=HPARAMS["n_ctx"])
     diverged = np.concatenate([tokens[:4], (tokens[4:] + 1) % HPARAMS["n_vocab"]])
-    plain = gpt2.GPT2Model(params, HPARAMS, layout="plain")
-    model = gpt2.GPT2Model(params, HPARAMS, layout=plan)
+    plain = gpt2.GPT2Model(params, HPARAMS)
+    model = engine.fast_model(params, HPARAMS, layout=plan)
     assert isinstance(model.params["blocks"][0]["mlp"]["c_fc"]["w"].by_rows[1][1], multiplier_type)
     for x, n_last in [(tokens[:7], 1), (tokens[:7 + n], n), (diverged[:4 + n], n), (tokens[:9], 1), (tokens, n)]:
         logits = model.logits(x, n_last=n_last)
@@ -106,22 +107,22 @@ def test_blas_threads_serve_a_row_count_in_every_role_or_in_none():
     roles = {role: 1.0 for role in layouts.ROLES}
     split, blas = "column-panels on 2 threads", "column-major on 2 BLAS threads"
     measured = {role: ({split: [1.0] * 16, blas: [0.8] + [3.0] * 15}, None) for role in roles}
-    assert layouts.on_blas_threads_pays(measured, roles, (1,)) and not layouts.on_blas_threads_pays(
-        measured, roles, layouts.VERIFY_ROWS)
+    assert measure.on_blas_threads_pays(measured, roles, (1,)) and not measure.on_blas_threads_pays(
+        measured, roles, measure.VERIFY_ROWS)
     measured["mlp.c_fc"] = ({split: [1.0] * 16, blas: [1.5] + [3.0] * 15}, None)  # one role's loss, weighed by bytes
-    assert layouts.on_blas_threads_pays(measured, roles, (1,))
-    assert not layouts.on_blas_threads_pays(measured, {**roles, "mlp.c_fc": 10.0}, (1,))
+    assert measure.on_blas_threads_pays(measured, roles, (1,))
+    assert not measure.on_blas_threads_pays(measured, {**roles, "mlp.c_fc": 10.0}, (1,))
 
 
 @needs_blas_threads
 def test_a_measured_plan_uses_blas_threads_for_a_row_count_in_every_role_or_in_none(monkeypatch):
-    monkeypatch.setattr(layouts, "STREAMING_BYTES", 0)  # offered to this small model too
+    monkeypatch.setattr(measure, "STREAMING_BYTES", 0)  # offered to this small model too
     count = THREADS.count
     try:
         THREADS.set(2)
-        plan = layouts.measure_plan(random_params(dict(HPARAMS, n_embd=128, n_layer=3), seed=2))
+        plan = measure.measure_plan(random_params(dict(HPARAMS, n_embd=128, n_layer=3), seed=2))
         assert all("column-major on 2 BLAS threads" in plan[role].costs for role in layouts.ROLES)  # measured
-        assert len({layouts.blas_by_rows(plan[role]) for role in layouts.ROLES}) == 1
+        assert len({measure.blas_by_rows(plan[role]) for role in layouts.ROLES}) == 1
     finally:
         THREADS.set(count)
 
@@ -132,14 +133,14 @@ def test_one_thread_measures_and_builds_no_split():
         THREADS.set(1)
         assert THREADS.pool is None and layouts.ways(THREADS.count) == layouts.LAYOUTS
         params = random_params(HPARAMS, seed=0)
-        plan = layouts.measure_plan(params)
+        plan = measure.measure_plan(params)
         assert all(" on " not in way for role in layouts.ROLES for way in plan[role].layouts)
         assert all(set(plan[role].costs) == set(layouts.LAYOUTS) for role in layouts.ROLES)
-        model = gpt2.GPT2Model(params, HPARAMS, layout="panels")
+        model = engine.fast_model(params, HPARAMS, layout="panels")
         tokens = list(range(10))
         before = model.logits(tokens, n_last=5)
         THREADS.set(2)  # a fixed layout never splits: the same numbers, bit for bit, whatever the threads
-        assert np.array_equal(gpt2.GPT2Model(params, HPARAMS, layout="panels").logits(tokens, n_last=5), before)
+        assert np.array_equal(engine.fast_model(params, HPARAMS, layout="panels").logits(tokens, n_last=5), before)
         assert "panels on 2 threads" in layouts.ways(2)
     finally:
         THREADS.set(count)
@@ -194,9 +195,9 @@ def tree_copy(tree):
 
 def test_in_place_layout_frees_the_checkpoints_matrices():
     params = random_params(HPARAMS, seed=1)
-    expected = gpt2.GPT2Model(params, HPARAMS, layout="plain").logits(list(range(12)), n_last=3)
+    expected = gpt2.GPT2Model(params, HPARAMS).logits(list(range(12)), n_last=3)
     copy = tree_copy(params)  # new dicts, the same arrays
-    model = gpt2.GPT2Model(copy, HPARAMS, layout="panels", in_place=True)
+    model = engine.fast_model(copy, HPARAMS, layout="panels", in_place=True)
     assert model.params is copy
     assert all(isinstance(copy["blocks"][i][group][layer]["w"], layouts.PlannedMatrix)
                for i in range(HPARAMS["n_layer"]) for group, layer in (("attn", "c_attn"), ("mlp", "c_proj")))

@@ -18,7 +18,7 @@ PROMPT, N, K = [1, 2, 3], 60, 3
 
 
 def tiny_model(seed):
-    return gpt2.GPT2Model(gpt2.init_params(TINY, np.random.default_rng(seed)), TINY, layout="plain")
+    return gpt2.GPT2Model(gpt2.init_params(TINY, np.random.default_rng(seed)), TINY)
 
 
 def recorded_run(seed=0):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 import utils
 from classroom.lossless import CachedTableModel, ContextTable, random_context_table
@@ -61,9 +62,9 @@ def expected_tree_logits(reference, x, tokens, parents):  # -> [n + 1, n_vocab]:
 @pytest.fixture(scope="module")
 def tiny():
     params = random_params(TINY, seed=3)
-    models = {(layout, use_cache): gpt2.GPT2Model(params, TINY, use_cache=use_cache, layout=layout)
+    models = {(layout, use_cache): engine.fast_model(params, TINY, use_cache=use_cache, layout=layout)
               for layout in ("plain", "auto") for use_cache in (True, False)}
-    return params, models, gpt2.GPT2Model(params, TINY, use_cache=False, layout="plain")
+    return params, models, gpt2.GPT2Model(params, TINY, use_cache=False)
 
 
 def check_tree_then_path(model, reference, fresh_model, x, tokens, parents, path, rng):
@@ -93,7 +94,7 @@ def test_every_path_of_a_random_tree_equals_its_plain_feed(tiny, layout, use_cac
     params, models, reference = tiny
     model = models[layout, use_cache]
     model.reset()
-    fresh_model = lambda: gpt2.GPT2Model(params, TINY, layout=model.plan)  # the same layout, a new cache
+    fresh_model = lambda: engine.fast_model(params, TINY, layout=model.plan)  # the same layout, a new cache
     rng = np.random.default_rng(0)
     for _ in range(12):
         x, tokens, parents, path = random_case(rng, TINY["n_vocab"], int(rng.integers(1, 10)))
@@ -189,9 +190,9 @@ def test_keep_tree_path_takes_only_a_path_down_from_the_root_after_its_tree(tiny
 
 def test_the_bundled_target_scores_trees_like_plain_feeds():
     _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
-    model = gpt2.GPT2Model(params, hparams, layout="panels")  # a laid-out path (measuring "auto" takes long here)
-    reference = gpt2.GPT2Model(params, hparams, use_cache=False, layout="plain")
-    fresh_model = lambda: gpt2.GPT2Model(params, hparams, layout=model.plan)
+    model = engine.fast_model(params, hparams, layout="panels")  # a laid-out path (measuring "auto" takes long here)
+    reference = gpt2.GPT2Model(params, hparams, use_cache=False)
+    fresh_model = lambda: engine.fast_model(params, hparams, layout=model.plan)
     rng = np.random.default_rng(4)
     for _ in range(3):
         x, tokens, parents, path = random_case(rng, hparams["n_vocab"], int(rng.integers(1, 40)))
