@@ -53,7 +53,7 @@ def main(argv=None):
 
     import jax
     import jax.numpy as jnp
-    import train_pair
+    from tools import train_pair
     from encoder import get_encoder_from_dir
 
     names = {"target": "teach-target", "draft": "teach-draft"}
