@@ -50,3 +50,11 @@ def blas_info():
     info["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
     info["threads"] = openblas_call("get_num_threads", ctypes.c_int)
     return info
+
+
+def machine_line(cpuinfo_path="/proc/cpuinfo"):
+    """One printable line naming what a timing ran on, as the notebooks print it before they time anything:
+    'machine: <CPU (family F, model M)>, <n> cores; NumPy <version>, <BLAS> <version> running its <kernels> kernels'."""
+    blas = blas_info()
+    return (f"machine: {cpu_model(cpuinfo_path)}, {os.cpu_count()} cores; NumPy {np.__version__}, {blas['name']} "
+            f"{blas['version']} running its {blas['kernels']} kernels")
