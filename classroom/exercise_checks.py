@@ -6,11 +6,13 @@ sampling.py where they can, rather than with a copy of the solution; tests/test_
 the solutions (notebooks/solutions/), on the textbook formulas a student would type, and on wrong answers.
 A correct formula that divides 0 by 0 at an edge (alpha = 1, p(x) = q(x) = 0) gets a hint about that edge,
 never a bare exception. `blind_bugs()` and `blind_diff(label)` hand out exercise 11's quiz: five decoders of
-the bug zoo, unnamed.
+the bug zoo, unnamed. "block" is notebook 10's exercise (block verification's expected drafts on a toy).
 """
 
 import math
 import re
+from fractions import Fraction
+from itertools import product
 
 import numpy as np
 
@@ -338,10 +340,59 @@ def check_break_even_batch(break_even_batch):
             f"E[T] / (K c + v) is 1 where v = E[T] - K c (0 if it is below 1 even for a tiny batch)")
 
 
+# ---- 14: the acceptance rate a reported speedup implies ------------------------------------------------------
+
+
+def check_implied_alpha(implied_alpha):
+    for alpha in (0.0, 0.2, 0.5, 0.58, 0.8, 0.95):
+        for c, K, v in [(0.0, 4, 1.0), (0.1, 4, 1.0), (0.05, 2, 1.3), (0.3, 8, 1.0)]:
+            speedup = sampling.expected_speedup(alpha, c, K, v)
+            yours = implied_alpha(speedup, c, K, v)
+            assert close(yours, alpha, 1e-4), (
+                f"c={c}, K={K}, v={v}: alpha = {alpha} gives a speedup of {speedup:.4f}, and your alpha for it is "
+                f"{yours}. The speedup of exercise 2 grows with alpha, so one alpha in [0, 1] gives each speedup "
+                f"between 1 / (K c + v) and (K + 1) / (K c + v): search for it (bisection will do)")
+    assert close(implied_alpha(2.0, 0.0, 4), 0.5188, 1e-3), "the default v = 1: 2x at c = 0, K = 4"
+    for unreachable in (5.01, 0.5):  # above (K + 1) / (K c + v) = 5, below 1 / (K c + v) = 1
+        try:
+            answer = implied_alpha(unreachable, 0.0, 4)
+        except ValueError:
+            continue
+        raise AssertionError(f"a speedup of {unreachable} at c = 0, K = 4, v = 1 needs no alpha in [0, 1] (they give "
+                             f"1x to 5x), but you give {answer}: raise ValueError")
+
+
+# ---- notebook 10: block verification's expected drafts on a toy ------------------------------------------------
+
+
+def block_expected_kept(p, q, K):  # -> E[drafts kept per loop], exact, for p and q the same after every prefix
+    """Block verification (Sun et al.) over every draft sequence: b_i, r_i, h_i, then E[tau] = sum_i i P(tau = i)."""
+    total = Fraction(0)
+    for drafts in product(range(len(p)), repeat=K):
+        b = [Fraction(1)]
+        for token in drafts:
+            b.append(min(Fraction(1), b[-1] * q[token] / p[token]))
+        r = [sum(max(b[i] * q[v] - p[v], Fraction(0)) for v in range(len(p))) for i in range(K + 1)]
+        h = [None] + [r[i] / (r[i] + 1 - b[i]) if r[i] else Fraction(0) for i in range(1, K)] + [b[K]]
+        kept = sum(i * h[i] * math.prod(1 - h[j] for j in range(i + 1, K + 1)) for i in range(1, K + 1))
+        total += math.prod(p[token] for token in drafts) * kept
+    return total
+
+
+def check_block_toy(answer):
+    p, q = [Fraction(3, 4), Fraction(1, 4)], [Fraction(1, 4), Fraction(3, 4)]
+    answer = Fraction(answer).limit_denominator(1000)
+    assert answer != Fraction(3, 4), ("that is token verification's alpha + alpha^2; block verification keeps more "
+                                      "where a later draft makes up for an earlier one")
+    assert answer == block_expected_kept(p, q, 2), (
+        "start from the pair ab, where b_2 = min(1, b_1 q(b) / p(b)), then weigh each pair's E[tau] by p of the pair")
+
+
 EXERCISES = {1: check_tokens_per_loop, 2: check_speedup, 3: check_acceptance_rate, 4: check_pays, 5: check_best_K,
              6: check_one_step_output, 7: check_corrected_speedup, "7b": check_underestimate,
              8: check_prompt_lookup, 9: check_tokens_at_one_step, 10: check_alpha_from_origins, 11: check_bug_quiz,
-             12: check_tokens_per_loop_variance, "12b": check_time_for_tokens, 13: check_break_even_batch}
+             12: check_tokens_per_loop_variance, "12b": check_time_for_tokens, 13: check_break_even_batch,
+             14: check_implied_alpha, "block": check_block_toy}
 
 
 def check(number, answer):

@@ -49,7 +49,8 @@
    the arithmetic hides under the reading, verification costs one step: 2 m P / F <= P b / beta, i.e.
    m <= m* = F b / (2 beta), the machine's ridge point (notebook 8). An H100
    in bfloat16 (989 TFLOP/s, 3.35 TB/s, b = 2): about 295 tokens. One core of this CPU (about 80 GFLOP/s float32,
-   30 GB/s, b = 4): about 5, and the README measures 5 tokens at 1.2 decode steps on the Zen 5 with column panels.
+   30 GB/s, b = 4): about 5, and the README measures 4 to 8 tokens at 1.2-1.6 decode steps with column panels on
+   the Zen 4 of its numbers card (an AMD EPYC of family 25, model 17, AVX-512).
 
 10. alpha from a run. Each corrected token is one judged draft that was rejected; each accepted token one that
     was accepted; bonus tokens and plain target steps judge none. So alpha = accepted / (accepted + corrected).
@@ -83,10 +84,26 @@
     a small batch at all (E[T] - K c > 1): B = m* (E[T] - K c) / (K + 1); otherwise 0. An H100 in bfloat16
     (m* = 295), alpha = 0.8, c = 0.05, K = 4: B = 187; one CPU core in float32 (m* = 5.3), alpha = 0.7, c = 0.1,
     K = 4: B = 2.5, which notebook 8 sees on the bundled pair (1.09x at B = 2, 0.86x at B = 4).
+
+14. The alpha a speedup implies. The speedup E[T] / (K c + v) grows with alpha, from 1 / (K c + v) at alpha = 0 to
+    (K + 1) / (K c + v) at alpha = 1, so each speedup in between comes from exactly one alpha: bisection finds it;
+    outside, no alpha gives it (ValueError). c = 0, a free draft, gives the least alpha a speedup can come from.
+    At K = 4, v = 1: Chen et al.'s 2x and 2.5x (their abstract's range, Chinchilla 70B) need alpha >= 0.52 and 0.64
+    whatever the draft costs; jaymody/speculative-sampling's README run (60.64 s against 27.15 s, 2.23x, K = 4,
+    temperature 0) needs 0.58. At c = 0.1 the same speedups need 0.71, 0.82 and 0.76: the draft's cost is
+    paid in acceptance. A speedup quoted without c, K and v says little about alpha, and the reverse.
+
+Notebook 10's exercise (block verification on p = (3/4, 1/4), q = (1/4, 3/4), K = 2). The ratio q/p is 1/3 for a
+and 3 for b. aa (probability 9/16): b = 1/3, 1/9; r_1 = 0 (b_1 q - p <= 0 everywhere), so h_1 = 0, h_2 = 1/9:
+E = 2/9. ab (3/16): b_1 = 1/3, b_2 = min(1, 1/3 * 3) = 1, h_2 = 1: both kept, E = 2. ba (3/16): b = 1, 1/3; r_1 =
+sum (q - p)+ = 1/2, h_1 = 1/2 / (1/2 + 0) = 1, h_2 = 1/3: E = 1 * 2/3 + 2 * 1/3 = 4/3. bb (1/16): b = 1, 1: E = 2.
+In all: 9/16 * 2/9 + 3/16 * 2 + 3/16 * 4/3 + 1/16 * 2 = 1/8 + 3/8 + 1/4 + 1/8 = 7/8, against token verification's
+alpha + alpha^2 = 1/2 + 1/4 = 3/4 (alpha = 1 - TV(p, q) = 1/2): the gain is in ab, kept whole.
 """
 
 import math
 import time
+from fractions import Fraction
 
 import numpy as np
 
@@ -183,7 +200,18 @@ def break_even_batch(weight_bytes, bytes_per_parameter, bytes_per_second, flops_
     return ridge * margin / (K + 1) if margin > 1 else 0.0
 
 
+def implied_alpha(target_speedup, c, K, v=1.0):  # -> the alpha whose expected speedup is target_speedup
+    if not speedup(0.0, c, K, v) <= target_speedup <= speedup(1.0, c, K, v):
+        raise ValueError(f"a speedup of {target_speedup} needs no alpha in [0, 1]: they give "
+                         f"{speedup(0.0, c, K, v):.3g}x to {speedup(1.0, c, K, v):.3g}x")
+    low, high = 0.0, 1.0
+    for _ in range(60):  # the speedup grows with alpha: bisection
+        middle = (low + high) / 2
+        low, high = (middle, high) if speedup(middle, c, K, v) < target_speedup else (low, middle)
+    return (low + high) / 2
+
+
 ANSWERS = {1: tokens_per_loop, 2: speedup, 3: acceptance_rate, 4: pays, 5: best_K, 6: one_step_output,
            7: corrected_speedup, "7b": underestimate, 8: PromptLookupDraft, 9: tokens_at_one_step,
            10: alpha_from_origins, 11: bug_quiz, 12: tokens_per_loop_variance, "12b": time_for_tokens,
-           13: break_even_batch}
+           13: break_even_batch, 14: implied_alpha, "block": Fraction(7, 8)}
