@@ -5,8 +5,8 @@ or is None) or "not yet: ..." with a hint. The checks test properties and compar
 sampling.py where they can, rather than with a copy of the solution; tests/test_exercises.py runs them on
 the solutions (notebooks/solutions/), on the textbook formulas a student would type, and on wrong answers.
 A correct formula that divides 0 by 0 at an edge (alpha = 1, p(x) = q(x) = 0) gets a hint about that edge,
-never a bare exception. `blind_bugs()` and `blind_diff(label)` hand out exercise 11's quiz: five decoders of
-the bug zoo, unnamed. "block" is notebook 10's exercise (block verification's expected drafts on a toy).
+never a bare exception. `blind_bugs()` and `blind_diff(label)` hand out exercise 11's quiz: five bugs that notebook
+7 does not show, patched into the reference as the bug zoo patches its own, unnamed. "block" is notebook 10's exercise (block verification's expected drafts on a toy).
 """
 
 import math
@@ -216,19 +216,35 @@ PROOF_STEPS = {
     7: "the target's q is not the distribution the request asked for (its settings)",
     8: "none: the output follows q exactly, only the speed suffers",
 }
-QUIZ_BUGS = {"argmax_drafts": 1, "correction_from_q": 3, "shared_random_numbers": 5, "no_rollback": 6,
-             "bonus_from_wrong_row": 4}
+QUIZ_SOURCE = "none: a textbook mistake written for the quiz, not one of the zoo's public reports"
+QUIZ = [  # (a bug notebook 7 does not show, the proof step it breaks)
+    (bug_zoo.Variant("sharpened_drafts", "drafts drawn from p squared", QUIZ_SOURCE, "step 1", (bug_zoo.Patch(
+        sampling, "draw_drafts", "x_draft = np.append(x_draft, sample(p[-1], rng))",
+        "x_draft = np.append(x_draft, sample(p[-1] ** 2 / np.sum(p[-1] ** 2), rng))  # (bug)"),)), 1),
+    (bug_zoo.Variant("accept_with_q", "a draft accepted with probability q alone", QUIZ_SOURCE, "step 2", (bug_zoo.Patch(
+        sampling, "speculative_sampling", bug_zoo.ACCEPT_TEST, "if r < float(q[t][token]):  # (bug)"),)), 2),
+    (bug_zoo.Variant("correction_from_p_minus_q", "the correction from (p - q)+", QUIZ_SOURCE, "step 3", (bug_zoo.Patch(
+        sampling, "speculative_sampling", bug_zoo.CORRECTION,
+        "x = np.append(x, sample(max_fn(p[t] - q[t], fallback=q[t]), rng))  # (bug)"),)), 3),
+    (bug_zoo.Variant("bonus_from_first_row", "the bonus token from q given no draft", QUIZ_SOURCE, "step 4", (bug_zoo.Patch(
+        sampling, "speculative_sampling", "x = np.append(x, sample(q[K_n], rng))",
+        "x = np.append(x, sample(q[0], rng))  # (bug)"),)), 4),
+    (bug_zoo.Variant("reseeded_per_loop", "the generator re-seeded at every loop", QUIZ_SOURCE, "step 5", (bug_zoo.Patch(
+        sampling, "speculative_sampling", "stats.loops += 1",
+        "stats.loops += 1\nrng = np.random.default_rng(n)  # (bug)"),)), 5),
+]
+QUIZ_BUGS = {variant.name: step for variant, step in QUIZ}
 LABELS = "ABCDE"
 
 
-def quiz_variants():  # label -> the zoo's Variant, in an order shuffled once and for all (seed 9)
-    names = list(QUIZ_BUGS)
-    order = np.random.default_rng(9).permutation(len(names))
-    return {label: bug_zoo.ZOO[names[i]] for label, i in zip(LABELS, order)}
+def quiz_variants():  # label -> the quiz's Variant, in an order shuffled once and for all (seed 9)
+    variants = [variant for variant, _ in QUIZ]
+    order = np.random.default_rng(9).permutation(len(variants))
+    return {label: variants[i] for label, i in zip(LABELS, order)}
 
 
 def blind_bugs():
-    """-> {"A": decoder, ..., "E": decoder}: five of the zoo's decoders, named by their label only."""
+    """-> {"A": decoder, ..., "E": decoder}: the quiz's five decoders, named by their label only."""
     decoders = {}
     for label, variant in quiz_variants().items():
         decoder = variant.decoder()

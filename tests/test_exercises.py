@@ -92,7 +92,7 @@ LITERAL = [  # (exercise, the student's answer, the verdict it must get)
     ("7b", TRUE_7 / PUBLISHED_7, "correct"),
     ("7b", 0.71, "correct"),  # read off two rounded speedups
     (9, lambda F, beta, b: F * b / (2 * beta), "correct"),
-    (11, {"A": 4, "B": 6, "C": 1, "D": 5, "E": 3}, "correct"),
+    (11, {"A": 5, "B": 4, "C": 1, "D": 3, "E": 2}, "correct"),
     (12, textbook_variance, ALPHA_ONE),
     (12, variance_by_sum, "correct"),
     ("12b", textbook_time, "correct"),
@@ -137,7 +137,7 @@ WRONG = {
     9: lambda flops, bandwidth, bytes_per_parameter: flops * bytes_per_parameter / bandwidth,  # 1 flop a weight
     10: lambda origins: origins.count("accepted") / max(1, origins.count("accepted") + origins.count("corrected")
                                                         + origins.count("bonus")),
-    11: {"A": 4, "B": 6, "C": 3, "D": 5, "E": 1},  # two swapped
+    11: {"A": 5, "B": 4, "C": 3, "D": 1, "E": 2},  # two swapped
     12: lambda alpha, K: alpha / (1 - alpha) ** 2 if alpha < 1 else 0.0,  # the untruncated geometric's variance
     "12b": lambda alpha, K, c, v, N: (textbook_time(alpha, K, c, v, N)[0],  # the spread of the tokens, not the loops
                                       (K * c + v) * (N * variance_by_sum(alpha, K)) ** 0.5 / geometric_sum(alpha, K)),
@@ -173,7 +173,7 @@ def test_more_wrong_answers_do_not_pass(number, answer):
 
 
 def test_the_quiz_marks_each_answer_and_hides_the_names():
-    verdict = exercise_checks.check(11, {"A": 4, "B": 6, "C": 3, "D": None, "E": 3})
+    verdict = exercise_checks.check(11, {"A": 5, "B": 4, "C": 3, "D": None, "E": 2})
     assert "A right" in verdict and "B right" in verdict and "C wrong" in verdict and "D unanswered" in verdict
     assert "E right" in verdict
     assert exercise_checks.check(11, dict.fromkeys("ABCDE")) == "unsolved"
@@ -186,6 +186,17 @@ def test_the_quiz_marks_each_answer_and_hides_the_names():
         assert "(bug)" not in shown and not any(name in shown for name in names), shown
         assert exercise_checks.blind_diff(label).startswith("--- a/")
     assert sorted(exercise_checks.QUIZ_BUGS.values()) == sorted(set(exercise_checks.QUIZ_BUGS.values()))
+
+
+def test_the_quiz_shows_none_of_notebook_7_s_bugs():
+    from classroom import bug_zoo
+    assert not set(exercise_checks.QUIZ_BUGS) & set(bug_zoo.ZOO)  # notebook 7 shows every bug of the zoo by name
+    shown = {diff_line(bug.diff()) for bug in bug_zoo.BUGS}
+    assert not shown & {diff_line(exercise_checks.blind_diff(label)) for label in "ABCDE"}
+
+
+def diff_line(diff):  # the lines a diff adds, without comments
+    return tuple(line.split("#")[0].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
 
 
 def test_a_blind_decoder_is_its_zoo_bug():

@@ -56,14 +56,14 @@
     was accepted; bonus tokens and plain target steps judge none. So alpha = accepted / (accepted + corrected).
     accepted / drafted would count the drafts after a rejection, which are never judged, as failures.
 
-11. The blind bug quiz (exercise_checks.blind_bugs, seed 9). Every decoder fails check_lossless; the diffs say
-    which line of the proof each breaks. A draws the bonus from q[K_n - 1], the target's distribution given
-    K - 1 drafts, not all K: step 4. B resumes the target's cache after everything it was fed, rejected drafts
-    included, so q is conditioned on tokens the output does not hold: step 6. C drafts the argmax but divides by
-    the soft p: the accept rule min(1, q/p) and (q - p)+ assume x ~ p, step 1. D draws the drafts from a copy of
-    the generator, so the uniform r that judges draft t is the one that drew it: r and x are dependent, step 5.
-    E samples the correction from q: accepted drafts already gave min(p, q), and the rest must be (q - p)+ to
-    sum to q, step 3.
+11. The blind bug quiz (exercise_checks.blind_bugs, seed 9): five textbook mistakes that notebook 7 does not show.
+    Every decoder fails check_lossless; the diffs say which line of the proof each breaks. A re-seeds the generator
+    with the position at every loop, so the same random numbers come back whenever a loop starts at the same n:
+    they are reused, not fresh, step 5. B draws the bonus from q[0], the target's distribution given none of the
+    drafts, not all K: step 4. C draws the drafts from p squared (renormalised) but judges them with p: the accept
+    rule min(1, q/p) and (q - p)+ assume x ~ p, step 1. D draws the correction from (p - q)+, the draft's excess,
+    where the rest of q, (q - p)+, must come: step 3. E accepts a draft with probability q(x) alone, not
+    min(1, q(x)/p(x)): step 2.
 
 12. The spread. The tokens of a loop are T = 1 + min(G, K), G the drafts accepted before the first rejection,
     geometric; P(T >= t) = alpha^(t-1) for t = 1..K+1. So E[T] = sum_t P(T >= t) (exercise 1) and
@@ -179,7 +179,7 @@ def alpha_from_origins(origins):
     return accepted / (accepted + rejected) if accepted + rejected else None
 
 
-bug_quiz = {"A": 4, "B": 6, "C": 1, "D": 5, "E": 3}  # the proof step each breaks (see 11 above)
+bug_quiz = {"A": 5, "B": 4, "C": 1, "D": 3, "E": 2}  # the proof step each breaks (see 11 above)
 
 
 def tokens_per_loop_variance(alpha, K):
