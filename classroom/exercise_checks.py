@@ -5,12 +5,14 @@ or is None) or "not yet: ..." with a hint. The checks test properties and compar
 sampling.py where they can, rather than with a copy of the solution; tests/test_exercises.py runs them on
 the solutions (notebooks/solutions/), on the textbook formulas a student would type, and on wrong answers.
 A correct formula that divides 0 by 0 at an edge (alpha = 1, p(x) = q(x) = 0) gets a hint about that edge,
-never a bare exception. `blind_bugs()` and `blind_diff(label)` hand out exercise 11's quiz: five decoders of
-the bug zoo, unnamed.
+never a bare exception. `blind_bugs()` and `blind_diff(label)` hand out exercise 11's quiz: five bugs that notebook
+7 does not show, patched into the reference as the bug zoo patches its own, unnamed. "block" is notebook 10's exercise (block verification's expected drafts on a toy).
 """
 
 import math
 import re
+from fractions import Fraction
+from itertools import product
 
 import numpy as np
 
@@ -215,19 +217,35 @@ PROOF_STEPS = {
     7: "the target's q is not the distribution the request asked for (its settings)",
     8: "none: the output follows q exactly, only the speed suffers",
 }
-QUIZ_BUGS = {"argmax_drafts": 1, "correction_from_q": 3, "shared_random_numbers": 5, "no_rollback": 6,
-             "bonus_from_wrong_row": 4}
+QUIZ_SOURCE = "none: a textbook mistake written for the quiz, not one of the zoo's public reports"
+QUIZ = [  # (a bug notebook 7 does not show, the proof step it breaks)
+    (bug_zoo.Variant("sharpened_drafts", "drafts drawn from p squared", QUIZ_SOURCE, "step 1", (bug_zoo.Patch(
+        sampling, "draw_drafts", "x_draft = np.append(x_draft, sample(p[-1], rng))",
+        "x_draft = np.append(x_draft, sample(p[-1] ** 2 / np.sum(p[-1] ** 2), rng))  # (bug)"),)), 1),
+    (bug_zoo.Variant("accept_with_q", "a draft accepted with probability q alone", QUIZ_SOURCE, "step 2", (bug_zoo.Patch(
+        sampling, "speculative_sampling", bug_zoo.ACCEPT_TEST, "if r < float(q[t][token]):  # (bug)"),)), 2),
+    (bug_zoo.Variant("correction_from_p_minus_q", "the correction from (p - q)+", QUIZ_SOURCE, "step 3", (bug_zoo.Patch(
+        sampling, "speculative_sampling", bug_zoo.CORRECTION,
+        "x = np.append(x, sample(max_fn(p[t] - q[t], fallback=q[t]), rng))  # (bug)"),)), 3),
+    (bug_zoo.Variant("bonus_from_first_row", "the bonus token from q given no draft", QUIZ_SOURCE, "step 4", (bug_zoo.Patch(
+        sampling, "speculative_sampling", "x = np.append(x, sample(q[K_n], rng))",
+        "x = np.append(x, sample(q[0], rng))  # (bug)"),)), 4),
+    (bug_zoo.Variant("reseeded_per_loop", "the generator re-seeded at every loop", QUIZ_SOURCE, "step 5", (bug_zoo.Patch(
+        sampling, "speculative_sampling", "stats.loops += 1",
+        "stats.loops += 1\nrng = np.random.default_rng(n)  # (bug)"),)), 5),
+]
+QUIZ_BUGS = {variant.name: step for variant, step in QUIZ}
 LABELS = "ABCDE"
 
 
-def quiz_variants():  # label -> the zoo's Variant, in an order shuffled once and for all (seed 9)
-    names = list(QUIZ_BUGS)
-    order = np.random.default_rng(9).permutation(len(names))
-    return {label: bug_zoo.ZOO[names[i]] for label, i in zip(LABELS, order)}
+def quiz_variants():  # label -> the quiz's Variant, in an order shuffled once and for all (seed 9)
+    variants = [variant for variant, _ in QUIZ]
+    order = np.random.default_rng(9).permutation(len(variants))
+    return {label: variants[i] for label, i in zip(LABELS, order)}
 
 
 def blind_bugs():
-    """-> {"A": decoder, ..., "E": decoder}: five of the zoo's decoders, named by their label only."""
+    """-> {"A": decoder, ..., "E": decoder}: the quiz's five decoders, named by their label only."""
     decoders = {}
     for label, variant in quiz_variants().items():
         decoder = variant.decoder()
@@ -339,10 +357,59 @@ def check_break_even_batch(break_even_batch):
             f"E[T] / (K c + v) is 1 where v = E[T] - K c (0 if it is below 1 even for a tiny batch)")
 
 
+# ---- 14: the acceptance rate a reported speedup implies ------------------------------------------------------
+
+
+def check_implied_alpha(implied_alpha):
+    for alpha in (0.0, 0.2, 0.5, 0.58, 0.8, 0.95):
+        for c, K, v in [(0.0, 4, 1.0), (0.1, 4, 1.0), (0.05, 2, 1.3), (0.3, 8, 1.0)]:
+            speedup = sampling.expected_speedup(alpha, c, K, v)
+            yours = implied_alpha(speedup, c, K, v)
+            assert close(yours, alpha, 1e-4), (
+                f"c={c}, K={K}, v={v}: alpha = {alpha} gives a speedup of {speedup:.4f}, and your alpha for it is "
+                f"{yours}. The speedup of exercise 2 grows with alpha, so one alpha in [0, 1] gives each speedup "
+                f"between 1 / (K c + v) and (K + 1) / (K c + v): search for it (bisection will do)")
+    assert close(implied_alpha(2.0, 0.0, 4), 0.5188, 1e-3), "the default v = 1: 2x at c = 0, K = 4"
+    for unreachable in (5.01, 0.5):  # above (K + 1) / (K c + v) = 5, below 1 / (K c + v) = 1
+        try:
+            answer = implied_alpha(unreachable, 0.0, 4)
+        except ValueError:
+            continue
+        raise AssertionError(f"a speedup of {unreachable} at c = 0, K = 4, v = 1 needs no alpha in [0, 1] (they give "
+                             f"1x to 5x), but you give {answer}: raise ValueError")
+
+
+# ---- notebook 10: block verification's expected drafts on a toy ------------------------------------------------
+
+
+def block_expected_kept(p, q, K):  # -> E[drafts kept per loop], exact, for p and q the same after every prefix
+    """Block verification (Sun et al.) over every draft sequence: b_i, r_i, h_i, then E[tau] = sum_i i P(tau = i)."""
+    total = Fraction(0)
+    for drafts in product(range(len(p)), repeat=K):
+        b = [Fraction(1)]
+        for token in drafts:
+            b.append(min(Fraction(1), b[-1] * q[token] / p[token]))
+        r = [sum(max(b[i] * q[v] - p[v], Fraction(0)) for v in range(len(p))) for i in range(K + 1)]
+        h = [None] + [r[i] / (r[i] + 1 - b[i]) if r[i] else Fraction(0) for i in range(1, K)] + [b[K]]
+        kept = sum(i * h[i] * math.prod(1 - h[j] for j in range(i + 1, K + 1)) for i in range(1, K + 1))
+        total += math.prod(p[token] for token in drafts) * kept
+    return total
+
+
+def check_block_toy(answer):
+    p, q = [Fraction(3, 4), Fraction(1, 4)], [Fraction(1, 4), Fraction(3, 4)]
+    answer = Fraction(answer).limit_denominator(1000)
+    assert answer != Fraction(3, 4), ("that is token verification's alpha + alpha^2; block verification keeps more "
+                                      "where a later draft makes up for an earlier one")
+    assert answer == block_expected_kept(p, q, 2), (
+        "start from the pair ab, where b_2 = min(1, b_1 q(b) / p(b)), then weigh each pair's E[tau] by p of the pair")
+
+
 EXERCISES = {1: check_tokens_per_loop, 2: check_speedup, 3: check_acceptance_rate, 4: check_pays, 5: check_best_K,
              6: check_one_step_output, 7: check_corrected_speedup, "7b": check_underestimate,
              8: check_prompt_lookup, 9: check_tokens_at_one_step, 10: check_alpha_from_origins, 11: check_bug_quiz,
-             12: check_tokens_per_loop_variance, "12b": check_time_for_tokens, 13: check_break_even_batch}
+             12: check_tokens_per_loop_variance, "12b": check_time_for_tokens, 13: check_break_even_batch,
+             14: check_implied_alpha, "block": check_block_toy}
 
 
 def check(number, answer):

@@ -10,6 +10,8 @@ Some move the output law by less than lossless.check_lossless sees at its sample
 variation), and one only reaches outputs of probability zero: classroom/exact_law.check_exact computes the law
 exactly on small tables and fails every one. exact_tv is the largest total variation it measures over its default
 problems and the bug's extra_problems() (tests/test_verifier_zoo.py measures it again); the effect texts quote it.
+Together: 0.02 to 0.61, and 0 for the bug that only reaches an output of probability zero (the range the README
+and exact_law's docstring quote; tests/test_verifier_zoo.py holds them to it).
 
 TYPICAL_ACCEPTANCE is not a bug but a rule that trades the target's law for acceptance on purpose (Medusa's
 typical acceptance, vLLM #5015): a labelled exhibit of what "lossy" means, next to the bugs that are lossy by

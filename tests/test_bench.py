@@ -249,6 +249,10 @@ def test_machine_names_the_cpu_family(tmp_path):
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
     assert machine.cpu_model(cpuinfo) == "Some ARM core"
     assert machine.cpu_model(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, never an error
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 23\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n")
+    line = machine.machine_line(cpuinfo)  # what the notebooks print before they time anything
+    assert line.startswith("machine: AMD EPYC (family 23, model 1), ") and " cores; NumPy " in line
+    assert line.endswith(" kernels") and machine.blas_info()["name"] in line
 
 
 def test_machine_line_names_the_vector_instructions_the_kernels_and_the_cores(tmp_path):

@@ -3,6 +3,7 @@ textbook formulas a student would type (or they get the hint about their 0/0 edg
 and typical wrong answers get a hint instead."""
 
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from classroom import exercise_checks  # noqa: E402
 
 def test_every_exercise_has_a_solution():
     assert set(exercise_solutions.ANSWERS) == set(exercise_checks.EXERCISES)
-    assert len([key for key in exercise_checks.EXERCISES if isinstance(key, int)]) == 13
+    assert len([key for key in exercise_checks.EXERCISES if isinstance(key, int)]) == 14
+    assert "block" in exercise_checks.EXERCISES  # notebook 10's exercise
 
 
 @pytest.mark.parametrize("number", list(exercise_checks.EXERCISES), ids=str)
@@ -55,6 +57,16 @@ def textbook_break_even(weight_bytes, bytes_per_parameter, bytes_per_second, flo
     return ridge * (tokens - K * c) / (K + 1) if tokens - K * c > 1 else 0
 
 
+def bisected_alpha(speedup, c, K, v=1.0):  # a student's search, raising where no alpha in [0, 1] fits
+    low, high = 0.0, 1.0
+    if not geometric_sum(low, K) / (K * c + v) <= speedup <= geometric_sum(high, K) / (K * c + v):
+        raise ValueError("no alpha gives it")
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if geometric_sum(middle, K) / (K * c + v) < speedup else (low, middle)
+    return low
+
+
 def textbook_best_K(alpha, c, verify_cost):
     speedups = {K: geometric_sum(alpha, K) / (K * c + verify_cost(K + 1)) for K in range(1, 33)}
     best = max(speedups, key=speedups.get)
@@ -81,11 +93,15 @@ LITERAL = [  # (exercise, the student's answer, the verdict it must get)
     ("7b", TRUE_7 / PUBLISHED_7, "correct"),
     ("7b", 0.71, "correct"),  # read off two rounded speedups
     (9, lambda F, beta, b: F * b / (2 * beta), "correct"),
-    (11, {"A": 4, "B": 6, "C": 1, "D": 5, "E": 3}, "correct"),
+    (11, {"A": 5, "B": 4, "C": 1, "D": 3, "E": 2}, "correct"),
     (12, textbook_variance, ALPHA_ONE),
     (12, variance_by_sum, "correct"),
     ("12b", textbook_time, "correct"),
     (13, textbook_break_even, "correct"),
+    (14, lambda speedup, c, K, v=1.0: bisected_alpha(speedup, c, K, v), "correct"),
+    ("block", Fraction(7, 8), "correct"),
+    ("block", 0.875, "correct"),
+    ("block", "7/8", "correct"),
 ]
 
 
@@ -122,11 +138,14 @@ WRONG = {
     9: lambda flops, bandwidth, bytes_per_parameter: flops * bytes_per_parameter / bandwidth,  # 1 flop a weight
     10: lambda origins: origins.count("accepted") / max(1, origins.count("accepted") + origins.count("corrected")
                                                         + origins.count("bonus")),
-    11: {"A": 4, "B": 6, "C": 3, "D": 5, "E": 1},  # two swapped
+    11: {"A": 5, "B": 4, "C": 3, "D": 1, "E": 2},  # two swapped
     12: lambda alpha, K: alpha / (1 - alpha) ** 2 if alpha < 1 else 0.0,  # the untruncated geometric's variance
     "12b": lambda alpha, K, c, v, N: (textbook_time(alpha, K, c, v, N)[0],  # the spread of the tokens, not the loops
                                       (K * c + v) * (N * variance_by_sum(alpha, K)) ** 0.5 / geometric_sum(alpha, K)),
     13: lambda weight_bytes, b, beta, F, alpha, c, K: F * b / (2 * beta) / (K + 1),  # where verifying stops being free
+    14: lambda speedup, c, K, v=1.0: bisected_alpha(min(max(speedup, 1 / (K * c + v)), (K + 1) / (K * c + v)), c, K,
+                                                    v),  # right inside, but clamps what no alpha gives
+    "block": Fraction(3, 4),  # token verification's alpha + alpha^2
 }
 
 MORE_WRONG = [  # (exercise, answer): more mistakes a student makes, each must not pass
@@ -137,6 +156,8 @@ MORE_WRONG = [  # (exercise, answer): more mistakes a student makes, each must n
     (12, lambda alpha, K: geometric_sum(alpha, K) ** 2),
     (13, lambda weight_bytes, b, beta, F, alpha, c, K: F * b / (2 * beta) * (geometric_sum(alpha, K) - K * c)),
     (13, lambda weight_bytes, b, beta, F, alpha, c, K: textbook_break_even(weight_bytes, b, beta, F, alpha, 0, K)),
+    (14, lambda speedup, c, K, v=1.0: bisected_alpha(speedup, 0.0, K, v)),  # c left out: the least alpha only
+    ("block", Fraction(11, 9)),  # the paper's example, not the exercise's toy
 ]
 
 
@@ -153,7 +174,7 @@ def test_more_wrong_answers_do_not_pass(number, answer):
 
 
 def test_the_quiz_marks_each_answer_and_hides_the_names():
-    verdict = exercise_checks.check(11, {"A": 4, "B": 6, "C": 3, "D": None, "E": 3})
+    verdict = exercise_checks.check(11, {"A": 5, "B": 4, "C": 3, "D": None, "E": 2})
     assert "A right" in verdict and "B right" in verdict and "C wrong" in verdict and "D unanswered" in verdict
     assert "E right" in verdict
     assert exercise_checks.check(11, dict.fromkeys("ABCDE")) == "unsolved"
@@ -166,6 +187,17 @@ def test_the_quiz_marks_each_answer_and_hides_the_names():
         assert "(bug)" not in shown and not any(name in shown for name in names), shown
         assert exercise_checks.blind_diff(label).startswith("--- a/")
     assert sorted(exercise_checks.QUIZ_BUGS.values()) == sorted(set(exercise_checks.QUIZ_BUGS.values()))
+
+
+def test_the_quiz_shows_none_of_notebook_7_s_bugs():
+    from classroom import bug_zoo
+    assert not set(exercise_checks.QUIZ_BUGS) & set(bug_zoo.ZOO)  # notebook 7 shows every bug of the zoo by name
+    shown = {diff_line(bug.diff()) for bug in bug_zoo.BUGS}
+    assert not shown & {diff_line(exercise_checks.blind_diff(label)) for label in "ABCDE"}
+
+
+def diff_line(diff):  # the lines a diff adds, without comments
+    return tuple(line.split("#")[0].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
 
 
 def test_a_blind_decoder_is_its_zoo_bug():
@@ -186,6 +218,15 @@ def test_the_variance_and_the_break_even_batch_in_numbers():
     h100 = (3.1e9, 2, 3.35e12, 989e12, 0.8, 0.05, 4)
     assert exercise_solutions.break_even_batch(*h100) == pytest.approx(186.7, abs=0.1)
     assert exercise_checks.roofline_break_even(*h100) == pytest.approx(186.7, abs=0.1)
+
+
+def test_the_alpha_each_quoted_speedup_implies():
+    """Solution 14's numbers: Chen et al.'s 2x and 2.5x (abstract) and jaymody's 60.64 s / 27.15 s, at K = 4, v = 1."""
+    implied = {c: [round(exercise_solutions.implied_alpha(speedup, c, 4), 2) for speedup in (2, 2.5, 60.64 / 27.15)]
+               for c in (0.0, 0.1)}
+    assert implied == {0.0: [0.52, 0.64, 0.58], 0.1: [0.71, 0.82, 0.76]}
+    assert exercise_checks.block_expected_kept([Fraction(2, 3), Fraction(1, 3)], [Fraction(1, 3), Fraction(2, 3)],
+                                               2) == Fraction(11, 9)  # Sun et al.'s example, as notebook 10 finds it
 
 
 def test_a_stub_is_unsolved_and_a_crash_is_reported_not_raised():

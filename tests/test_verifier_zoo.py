@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from classroom import bug_zoo, exact_law, lossless, verifier_zoo
+from conftest import REPO
 
 NAMES = list(verifier_zoo.ZOO)
 
@@ -114,3 +115,16 @@ def test_typical_acceptance_is_lossy_by_design_every_draft_kept_and_the_output_f
     check = exact_law.check_exact(exhibit.decoder, problems=[problem])
     assert not check.passed and check.max_tv == pytest.approx(0.45, abs=1e-6), check.report
     assert not lossless.check_lossless(exhibit.decoder, stop_at_failure=True).passed
+
+
+def test_the_readme_and_the_docstrings_quote_the_zoo_s_range_of_total_variation():
+    """The smallest and largest exact_tv of the zoo (each measured above), as the README and exact_law say them."""
+    measured = [bug.exact_tv for bug in verifier_zoo.BUGS]
+    assert 0.0 in measured  # the bug that only reaches an output of probability zero
+    quoted = f"{min(tv for tv in measured if tv):.2f}-{max(measured):.2f}"
+    assert quoted == "0.02-0.61"
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"real bugs are off by {quoted} or reach a token of probability zero" in readme
+    low, high = quoted.split("-")
+    for doc in (" ".join(exact_law.__doc__.split()), " ".join(verifier_zoo.__doc__.split())):
+        assert f"{low} to {high}" in doc and "probability zero" in doc

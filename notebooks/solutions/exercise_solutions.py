@@ -49,20 +49,21 @@
    the arithmetic hides under the reading, verification costs one step: 2 m P / F <= P b / beta, i.e.
    m <= m* = F b / (2 beta), the machine's ridge point (notebook 8). An H100
    in bfloat16 (989 TFLOP/s, 3.35 TB/s, b = 2): about 295 tokens. One core of this CPU (about 80 GFLOP/s float32,
-   30 GB/s, b = 4): about 5, and the README measures 5 tokens at 1.2 decode steps on the Zen 5 with column panels.
+   30 GB/s, b = 4): about 5, and the README measures 4 to 8 tokens at 1.2-1.6 decode steps with column panels on
+   the Zen 4 of its numbers card (an AMD EPYC of family 25, model 17, AVX-512).
 
 10. alpha from a run. Each corrected token is one judged draft that was rejected; each accepted token one that
     was accepted; bonus tokens and plain target steps judge none. So alpha = accepted / (accepted + corrected).
     accepted / drafted would count the drafts after a rejection, which are never judged, as failures.
 
-11. The blind bug quiz (exercise_checks.blind_bugs, seed 9). Every decoder fails check_lossless; the diffs say
-    which line of the proof each breaks. A draws the bonus from q[K_n - 1], the target's distribution given
-    K - 1 drafts, not all K: step 4. B resumes the target's cache after everything it was fed, rejected drafts
-    included, so q is conditioned on tokens the output does not hold: step 6. C drafts the argmax but divides by
-    the soft p: the accept rule min(1, q/p) and (q - p)+ assume x ~ p, step 1. D draws the drafts from a copy of
-    the generator, so the uniform r that judges draft t is the one that drew it: r and x are dependent, step 5.
-    E samples the correction from q: accepted drafts already gave min(p, q), and the rest must be (q - p)+ to
-    sum to q, step 3.
+11. The blind bug quiz (exercise_checks.blind_bugs, seed 9): five textbook mistakes that notebook 7 does not show.
+    Every decoder fails check_lossless; the diffs say which line of the proof each breaks. A re-seeds the generator
+    with the position at every loop, so the same random numbers come back whenever a loop starts at the same n:
+    they are reused, not fresh, step 5. B draws the bonus from q[0], the target's distribution given none of the
+    drafts, not all K: step 4. C draws the drafts from p squared (renormalised) but judges them with p: the accept
+    rule min(1, q/p) and (q - p)+ assume x ~ p, step 1. D draws the correction from (p - q)+, the draft's excess,
+    where the rest of q, (q - p)+, must come: step 3. E accepts a draft with probability q(x) alone, not
+    min(1, q(x)/p(x)): step 2.
 
 12. The spread. The tokens of a loop are T = 1 + min(G, K), G the drafts accepted before the first rejection,
     geometric; P(T >= t) = alpha^(t-1) for t = 1..K+1. So E[T] = sum_t P(T >= t) (exercise 1) and
@@ -83,10 +84,26 @@
     a small batch at all (E[T] - K c > 1): B = m* (E[T] - K c) / (K + 1); otherwise 0. An H100 in bfloat16
     (m* = 295), alpha = 0.8, c = 0.05, K = 4: B = 187; one CPU core in float32 (m* = 5.3), alpha = 0.7, c = 0.1,
     K = 4: B = 2.5, which notebook 8 sees on the bundled pair (1.09x at B = 2, 0.86x at B = 4).
+
+14. The alpha a speedup implies. The speedup E[T] / (K c + v) grows with alpha, from 1 / (K c + v) at alpha = 0 to
+    (K + 1) / (K c + v) at alpha = 1, so each speedup in between comes from exactly one alpha: bisection finds it;
+    outside, no alpha gives it (ValueError). c = 0, a free draft, gives the least alpha a speedup can come from.
+    At K = 4, v = 1: Chen et al.'s 2x and 2.5x (their abstract's range, Chinchilla 70B) need alpha >= 0.52 and 0.64
+    whatever the draft costs; jaymody/speculative-sampling's README run (60.64 s against 27.15 s, 2.23x, K = 4,
+    temperature 0) needs 0.58. At c = 0.1 the same speedups need 0.71, 0.82 and 0.76: the draft's cost is
+    paid in acceptance. A speedup quoted without c, K and v says little about alpha, and the reverse.
+
+Notebook 10's exercise (block verification on p = (3/4, 1/4), q = (1/4, 3/4), K = 2). The ratio q/p is 1/3 for a
+and 3 for b. aa (probability 9/16): b = 1/3, 1/9; r_1 = 0 (b_1 q - p <= 0 everywhere), so h_1 = 0, h_2 = 1/9:
+E = 2/9. ab (3/16): b_1 = 1/3, b_2 = min(1, 1/3 * 3) = 1, h_2 = 1: both kept, E = 2. ba (3/16): b = 1, 1/3; r_1 =
+sum (q - p)+ = 1/2, h_1 = 1/2 / (1/2 + 0) = 1, h_2 = 1/3: E = 1 * 2/3 + 2 * 1/3 = 4/3. bb (1/16): b = 1, 1: E = 2.
+In all: 9/16 * 2/9 + 3/16 * 2 + 3/16 * 4/3 + 1/16 * 2 = 1/8 + 3/8 + 1/4 + 1/8 = 7/8, against token verification's
+alpha + alpha^2 = 1/2 + 1/4 = 3/4 (alpha = 1 - TV(p, q) = 1/2): the gain is in ab, kept whole.
 """
 
 import math
 import time
+from fractions import Fraction
 
 import numpy as np
 
@@ -162,7 +179,7 @@ def alpha_from_origins(origins):
     return accepted / (accepted + rejected) if accepted + rejected else None
 
 
-bug_quiz = {"A": 4, "B": 6, "C": 1, "D": 5, "E": 3}  # the proof step each breaks (see 11 above)
+bug_quiz = {"A": 5, "B": 4, "C": 1, "D": 3, "E": 2}  # the proof step each breaks (see 11 above)
 
 
 def tokens_per_loop_variance(alpha, K):
@@ -183,7 +200,18 @@ def break_even_batch(weight_bytes, bytes_per_parameter, bytes_per_second, flops_
     return ridge * margin / (K + 1) if margin > 1 else 0.0
 
 
+def implied_alpha(target_speedup, c, K, v=1.0):  # -> the alpha whose expected speedup is target_speedup
+    if not speedup(0.0, c, K, v) <= target_speedup <= speedup(1.0, c, K, v):
+        raise ValueError(f"a speedup of {target_speedup} needs no alpha in [0, 1]: they give "
+                         f"{speedup(0.0, c, K, v):.3g}x to {speedup(1.0, c, K, v):.3g}x")
+    low, high = 0.0, 1.0
+    for _ in range(60):  # the speedup grows with alpha: bisection
+        middle = (low + high) / 2
+        low, high = (middle, high) if speedup(middle, c, K, v) < target_speedup else (low, middle)
+    return (low + high) / 2
+
+
 ANSWERS = {1: tokens_per_loop, 2: speedup, 3: acceptance_rate, 4: pays, 5: best_K, 6: one_step_output,
            7: corrected_speedup, "7b": underestimate, 8: PromptLookupDraft, 9: tokens_at_one_step,
            10: alpha_from_origins, 11: bug_quiz, 12: tokens_per_loop_variance, "12b": time_for_tokens,
-           13: break_even_batch}
+           13: break_even_batch, 14: implied_alpha, "block": Fraction(7, 8)}
