@@ -126,7 +126,7 @@ def n_params(params):
 def make_model(params_and_hparams, backend, use_cache):
     params, hparams = params_and_hparams
     if use_cache:
-        return backends.make_model(params, hparams, backend)
+        return backends.make_model(params, hparams, backend, layout="auto")  # this machine's fastest layouts
     return gpt2.GPT2Model(params, hparams, use_cache=False)
 
 

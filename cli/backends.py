@@ -12,18 +12,20 @@ import types
 import gpt2
 
 BACKENDS = ("numpy", "jax")
-JAX_MISSING = "the JAX backend needs jax: pip install jax (CPU) or pip install -U 'jax[cuda12]' (NVIDIA GPU)"
+JAX_MISSING = ("the JAX backend needs jax: pip install -r requirements-jax.txt (CPU), or pip install -U 'jax[cuda12]' "
+               "(NVIDIA GPU)")
 
 
-def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False):
-    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode. in_place: the NumPy model lays its
-    weights out inside params, freeing the checkpoint's matrices as it goes (gpt2.fast_layout)."""
+def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False, layout="plain"):
+    """A GPT-2 model on `backend`; dtype "bfloat16" is a JAX-only compute mode. layout and in_place are the NumPy
+    model's (gpt2.GPT2Model): "plain" keeps the checkpoint's arrays, "auto" measures this machine's fastest layouts;
+    in_place lays the weights out inside params, freeing the checkpoint's matrices as it goes."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "numpy":
         if dtype != "float32":
             raise ValueError(f"the numpy backend computes in float32 only, got dtype {dtype!r} (try --backend jax)")
-        return gpt2.GPT2Model(params, hparams, in_place=in_place)
+        return gpt2.GPT2Model(params, hparams, layout=layout, in_place=in_place)
     try:
         from jax_backend import gpt2_jax
     except ImportError as error:
