@@ -2,23 +2,18 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
 
     python main.py --K 4 --temperature 0           # the bundled teaching pair (models/teach-*)
     python main.py --draft_model_size 124M --target_model_size 1558M \
-        --prompt "Alan Turing theorized that computers would one day become"   # OpenAI's GPT-2, 124M drafting for 1558M
-    python main.py --prompt "def fibonacci(n):" --n_tokens_to_generate 64 --decoder speculative,assisted
+        --prompt "Alan Turing theorized that computers would one day become"   # OpenAI's GPT-2 (downloaded)
     python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
     python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
-    python main.py --json        # one JSON object as the last line of stdout
-    python main.py --verbose     # the report with each run's counts and costs, and the engine
-    python main.py --batch_size 8 --temperature 1     # eight sequences at once
+    python main.py --verbose     # each run's counts and costs, and the engine (--json: one JSON object)
     python main.py --prompt "def add(a, b):" --prompt "class Queue:"   # a batch of two prompts
-    python main.py --verifier tree --n_drafts 3 --temperature 1   # three drafts as a token tree (verifiers/tree.py)
+    python main.py --verifier tree --n_drafts 3 --temperature 1   # three drafts as a token tree (verifiers/)
 
-Every decoder starts from the same prompt, the same seed and empty caches, runs once untimed, then --repeats
-timed runs of all decoders interleave (cli/runs.py); times are medians and the speedup is the median of the
-paired ratios. The report (cli/report.py) leads with the answer: the speedup and its range, whether the texts
-agree, alpha, tokens per target call and what Leviathan et al.'s formula expects; then the text, coloured by
-where each token came from (on a terminal, unless NO_COLOR is set). With --batch_size B, or --prompt given
-several times, the decoders run over a batch. Bad input gets `error: ...` on stderr and exit status 2, before
-any model is loaded where possible. `python main.py --help` lists the flags.
+Every decoder starts from the same prompt, seed and empty caches, runs once untimed, then --repeats timed
+runs of all decoders interleave (cli/runs.py); times are medians, the speedup the median of the paired
+ratios. The report (cli/report.py) leads with the answer: the speedup and its range, whether the texts
+agree, alpha, tokens per target call and what Leviathan et al.'s formula expects; then the text, coloured
+by where each token came from. Bad input gets `error: ...` and exit status 2, before any model loads.
 """
 
 import json as jsonlib
@@ -36,17 +31,17 @@ DEFAULT_PROMPT = 'def flatten(items):\n    """Return a flat list of the items in
 
 
 def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach-draft",
-         target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0, seed=123,
-         decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
+         target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0,
+         seed=123, decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32", batch_size=None, threads=None, verifier="token", n_drafts=None, replacement=False,
          tree_drafts=None, verbose=False):
-    """Run the chosen decoders on one prompt (or a batch) and print the report, or with json=True one JSON object.
+    """Run the chosen decoders on one prompt (or a batch); print the report, or with json=True a JSON object.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
     generation, temperature 0 only; it adapts its own K from 5, as Hugging Face does, and ignores K).
     models_dir: None is the bundled models/ beside this file. repeats: timed runs of each decoder.
-    color: None colours on a terminal unless the NO_COLOR environment variable is set; True or False
-    forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
+    color: None colours on a terminal unless NO_COLOR is set; True or False forces it. backend: numpy or
+    jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
     prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the number
     of rows (B copies of a single prompt). threads: how many threads the NumPy engine splits a product over
     where that measures faster (engine/threads.py); None is every usable core. verifier: token (Algorithm 2),
@@ -55,7 +50,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     sampled, top_k or lookup (None: lookup with prompt-lookup, else sampled). verbose: the report adds each
     run's counts and costs and the engine. Returns the result dict that --json prints.
     """
-    run = flags.check_run(**locals())  # every flag checked before any model loads; run.flags: what --json repeats
+    run = flags.check_run(**locals())  # every flag, checked before a model loads
     report.announce(run)  # on a terminal, at once: what the next seconds are spent on
     encoder, rows, draft, target = load_models(run)
     result, stats = runs.compare_decoders(run, rows, draft, target, encoder)
@@ -69,22 +64,23 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
 def load_models(run):
     """-> (the target's encoder, the prompts' token ids, the draft, the target), the models built for one
     sequence (the NumPy engine in this machine's fastest layouts) or for the batch's rows."""
-    lookup = run.flags["draft"] == drafts.PROMPT_LOOKUP
+    load, lookup = utils.load_encoder_hparams_and_params, run.flags["draft"] == drafts.PROMPT_LOOKUP
     if not lookup:
-        draft_encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(run.flags["draft"],
-                                                                                           run.models_dir)
-    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(run.flags["target"], run.models_dir)
+        draft_encoder, draft_hparams, draft_params = load(run.flags["draft"], run.models_dir)
+    encoder, hparams, params = load(run.flags["target"], run.models_dir)
     if not lookup:
-        flags.check_same_vocabulary(draft_encoder, encoder, draft_hparams, target_hparams)
+        flags.check_same_vocabulary(draft_encoder, encoder, draft_hparams, hparams)
     rows = [flags.encode_prompt(encoder, text) for text in run.prompts]
-    flags.check_context(max(map(len, rows)), run.flags["n_tokens"], target_hparams, *[] if lookup else [draft_hparams])
+    every_hparams = [hparams] if lookup else [hparams, draft_hparams]
+    flags.check_context(max(map(len, rows)), run.flags["n_tokens"], *every_hparams)
     backend, dtype = run.flags["backend"], run.flags["dtype"]
     if run.batch:
-        return encoder, rows, *(backends.make_batched_model(params, hparams, len(rows), backend, dtype)
-                                for params, hparams in [(draft_params, draft_hparams), (target_params, target_hparams)])
-    target = backends.make_model(target_params, target_hparams, backend, dtype, layout="auto", in_place=True)
-    draft = (drafts.PromptLookup(target_hparams["n_vocab"]) if lookup else  # in_place: frees as it goes
-             backends.make_model(draft_params, draft_hparams, backend, dtype, layout="auto", in_place=True))
+        return encoder, rows, *(backends.make_batched_model(weights, shape, len(rows), backend, dtype)
+                                for weights, shape in [(draft_params, draft_hparams), (params, hparams)])
+    # in_place: each model lays its weights out inside the checkpoint's arrays, freeing them as it goes
+    target = backends.make_model(params, hparams, backend, dtype, layout="auto", in_place=True)
+    draft = drafts.PromptLookup(hparams["n_vocab"]) if lookup else backends.make_model(
+        draft_params, draft_hparams, backend, dtype, layout="auto", in_place=True)
     return encoder, rows, draft, target
 
 
