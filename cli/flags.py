@@ -5,8 +5,9 @@ there are no positional arguments. Fire alone would read a flag given no value a
 with the prompt "True"), stray words as positional arguments, and a text such as '42' or 'a, b' as a number
 or a tuple. `parse_arguments` refuses the first two with a clear error, and `fire_command` quotes text so
 that fire keeps it as typed. --prompt may be given several times (a batch of prompts); any other flag keeps
-its last value, as fire and argparse do. The checks below then refuse bad values, a context too short or
-two vocabularies that differ with `ValueError`, which main.py prints as `error: ...` with exit status 2.
+its last value, as fire and argparse do. The checks below (`check_run` gathers those that need no model) then
+refuse bad values, a context too short or two vocabularies that differ with `ValueError`, which main.py prints
+as `error: ...` with exit status 2.
 """
 
 import dataclasses

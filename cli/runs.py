@@ -6,7 +6,8 @@ all decoders interleave, so a drift in the machine's speed touches them alike; a
 median run, with every run's seconds, and the speedup is the median of the paired ratios. One sequence
 decodes with sampling's decoders (or sampling_jax's device loops); a batch (--batch_size B, or --prompt
 given several times) with sampling_batched's or sampling_jax's batched loops, row i with the Generator of
-seed + i, so row 0 is exactly the one-sequence run with --seed.
+seed + i, so row 0 is exactly the one-sequence run with --seed. `compare_decoders` is main.py's one entry for
+both. On a terminal, tqdm bars on stderr count the runs and each run's tokens.
 
 --json's vocabulary, the same for one sequence and for each row of a batch: `tokens` the prompt and the
 new tokens (as the decoders return them), `new_tokens` the new ones only, `text` their text.
