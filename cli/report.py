@@ -85,7 +85,7 @@ def print_report(result, stats, decode, use_colour, verbose=False):
         if result[name] is not None:
             print_answer(name, result, verbose)
     print()
-    print_texts(result, stats, decode, use_colour, verbose)
+    print_texts(result, stats, decode, use_colour)
     if verbose:
         print_machine(result)
 
@@ -157,15 +157,14 @@ def same_text_words(run, temperature):
     return "other tokens than autoregressive decoding: each is a sample of the target's distribution"
 
 
-def print_texts(result, stats, decode, use_colour, verbose):
+def print_texts(result, stats, decode, use_colour):
     """Each decoder's time, and the text: once for decoders that wrote the same tokens, under the last of them
     (a speculative decoder's, coloured by where its tokens came from)."""
     ran = [name for name in DECODERS if result[name] is not None]
     for i, name in enumerate(ran):
         run = result[name]
         heading = f"speculative ({verifier_words(result)}, K {result['K']})" if name == "speculative" else name
-        spread = f" ({min(run['seconds_per_run']):.3f}-{max(run['seconds_per_run']):.3f})" if verbose else ""
-        say(f"{heading}: {run['seconds']:.3f} s{spread}, {run['target_calls']} target calls, "
+        say(f"{heading}: {run['seconds']:.3f} s, {run['target_calls']} target calls, "
             f"{1000 * run['seconds'] / len(run['new_tokens']):.1f} ms/token")
         if any(result[later]["new_tokens"] == run["new_tokens"] for later in ran[i + 1:]):
             continue  # printed once, under the later decoder
@@ -232,7 +231,7 @@ def print_counts(run, verifier="token", n_drafts=1):
 
 
 def print_costs(run, autoregressive_ran, verifier="token"):
-    """--verbose: this run's costs in decode steps, and the formula with a verification of one decode step."""
+    """--verbose: this run's costs in decode steps, and the formula were a verification one decode step."""
     if run["cost_ratio"] is None:  # the JAX backend's device loop: one call runs draft and target alike
         say(f"{run['draft_calls']} draft calls; the draft and the target are not timed apart (the whole loop runs in "
             "one device call), so there is no cost ratio", "  ")
@@ -249,10 +248,8 @@ def print_costs(run, autoregressive_ran, verifier="token"):
         say("the drafts' rows are scored one after the other on the CPU (one call in a batched engine), counted as "
             "one target call: the wall-clock time is not what an accelerator would see", "  ")
     if run["expected_speedup"] is not None:
-        say(f"the formula expects {run['expected_speedup']:.2f}x from alpha, c and the verification's measured cost,",
-            "  ")
-        say(f"and {run['expected_speedup_one_step']:.2f}x if a verification cost one decode step (Leviathan et al.'s "
-            "idealisation)", "  ")
+        say(f"the formula expects {run['expected_speedup_one_step']:.2f}x if a verification cost one decode step "
+            "(Leviathan et al.'s idealisation)", "  ")
 
 
 def print_batch_report(result, stats, decode, use_colour, verbose=False):
@@ -260,7 +257,7 @@ def print_batch_report(result, stats, decode, use_colour, verbose=False):
     row by row (the speculative rows' texts, coloured by origin as for one sequence)."""
     B = result["batch_size"]
     say(f"a batch of {B} rows: {describe_pair(result)}, seeds {result['seed']}..{result['seed'] + B - 1}, "
-        f"{result['n_tokens']} tokens per row")
+        f"{result['n_tokens']} tokens each")
     speculative = result["speculative"]
     if speculative:
         alpha = "n/a" if speculative["acceptance_rate"] is None else f"{speculative['acceptance_rate']:.3f}"
@@ -269,8 +266,7 @@ def print_batch_report(result, stats, decode, use_colour, verbose=False):
         run = result[name]
         if run is None:
             continue
-        spread = f" ({min(run['seconds_per_run']):.3f}-{max(run['seconds_per_run']):.3f})" if verbose else ""
-        say(f"{name}: {run['seconds']:.3f} s{spread}, {run['tokens_per_second']:.0f} tokens/s over all rows, "
+        say(f"{name}: {run['seconds']:.3f} s, {run['tokens_per_second']:.0f} tokens/s over all rows, "
             f"{run['target_calls']} batched target calls")
         if verbose and name == "speculative":
             say(f"the rows alone: {sum(row['target_calls'] for row in run['rows'])} target calls", "  ")
