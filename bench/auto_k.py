@@ -31,7 +31,7 @@ import numpy as np
 import engine
 import sampling
 import utils
-from bench.pair import held_out_tokens
+from bench.pair import held_out_tokens, require_heldout
 from speedup import costs
 from speedup.stats import SpeculativeStats
 
@@ -91,6 +91,7 @@ def replay(accepted, choose, loop_steps, catch_up_steps):
 def main(argv=None):
     args = parse_args(argv)
     pair = json.loads(Path(args.pair).read_text().strip().splitlines()[-1])
+    require_heldout(pair["heldout"])  # the pair run's prompts came from it
     rows = {row["K"]: row for row in pair["by_K"] if row["K"] != "auto"}
     nearest = lambda K: rows[min(rows, key=lambda k: abs(k - K))]
     loop_steps = lambda K: K * nearest(K)["cost_ratio"] + nearest(K)["verify_steps"]

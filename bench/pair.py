@@ -22,12 +22,11 @@ well the formula predicts. `expected_speedup_one_step` is the same with v = 1, t
 Prints one JSON line per K as it goes, then one JSON object as its last line.
 """
 
-import os
-
-
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +68,14 @@ def parse_args(argv=None):
     if not 0 <= args.prompt_offset < 1:
         parser.error(f"--prompt_offset must be at least 0 and below 1, got {args.prompt_offset}")
     return args
+
+
+def require_heldout(path):
+    """A one-line error and exit status 2 where the held-out text is missing: it is built, not committed."""
+    if not Path(path).is_file():
+        print(f"error: no held-out text at {path}: build it with `python tools/build_corpus.py` "
+              "(tests/fixtures/heldout_sample.txt is a small sample of it)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def held_out_tokens(encoder, path):
@@ -141,6 +148,7 @@ def measure_K(K, prompts, draft, target, measured, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    require_heldout(args.heldout)  # before the minutes of loading and timing
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     target = engine.fast_model(target_params, target_hparams)
     if args.draft == drafts.PROMPT_LOOKUP:

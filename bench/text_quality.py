@@ -29,6 +29,7 @@ import engine
 import gpt2
 import sampling
 import utils
+from bench.pair import require_heldout
 from encoder import EOT
 
 
@@ -108,6 +109,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    require_heldout(args.heldout)
     started = time.perf_counter()
     encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     models = {"target": (hparams, params)}

@@ -35,7 +35,7 @@ import engine
 import sampling
 import utils
 from bench.machine import blas_info, cpu_model
-from bench.pair import held_out_tokens, spread
+from bench.pair import held_out_tokens, require_heldout, spread
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 from verifiers.multi_draft import multi_draft_speculative_sampling
@@ -146,6 +146,7 @@ def gains(rows):
 
 def main(argv=None):
     args = parse_args(argv)
+    require_heldout(args.heldout)
     encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     target, draft = engine.fast_model(target_params, target_hparams), engine.fast_model(draft_params, draft_hparams)

@@ -12,7 +12,8 @@ import types
 import engine
 
 BACKENDS = ("numpy", "jax")
-JAX_MISSING = "the JAX backend needs jax: pip install jax (CPU) or pip install -U 'jax[cuda12]' (NVIDIA GPU)"
+JAX_MISSING = ("the JAX backend needs jax: pip install -r requirements-jax.txt (CPU), or pip install -U 'jax[cuda12]' "
+               "(NVIDIA GPU)")
 
 
 def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False, layout="plain"):

@@ -5,22 +5,25 @@ there are no positional arguments. Fire alone would read a flag given no value a
 with the prompt "True"), stray words as positional arguments, and a text such as '42' or 'a, b' as a number
 or a tuple. `parse_arguments` refuses the first two with a clear error, and `fire_command` quotes text so
 that fire keeps it as typed. --prompt may be given several times (a batch of prompts); any other flag keeps
-its last value, as fire and argparse do. The checks below then refuse bad values, a context too short or
-two vocabularies that differ with `ValueError`, which main.py prints as `error: ...` with exit status 2.
+its last value, as fire and argparse do. The checks below (`check_run` gathers those that need no model) then
+refuse bad values, a context too short or two vocabularies that differ with `ValueError`, which main.py prints
+as `error: ...` with exit status 2.
 """
 
+import dataclasses
 import inspect
 import os
 
 import sampling
 import utils
 from encoder import get_encoder
-from engine.threads import THREADS
+from engine.threads import THREADS, usable_cores
 from cli import backends
 from speedup import drafts
 from verifiers.tree import DRAFTS as TREE_DRAFTS
 
 DECODERS = ("autoregressive", "speculative", "assisted")
+BUNDLED_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 # every flag of main(), with what its value looks like and what it does (--help prints these)
 FLAG_HELP = {
@@ -49,6 +52,8 @@ FLAG_HELP = {
                             "matches, with --draft_model_size prompt-lookup)"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
     "json": (None, "print one JSON object instead of the report"),
+    "verbose": (None, "add to the report each run's counts and costs, the costs measured before the runs and the "
+                      "engine (--json always has them)"),
     "color": (None, "colour the speculative text by where each token came from"),
     "backend": ("NAME", "numpy, or jax (needs jax: pip install -r requirements-jax.txt)"),
     "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
@@ -58,12 +63,12 @@ FLAG_HELP = {
                        "one thread, as before engine/threads.py)"),
 }
 FLAGS = tuple(FLAG_HELP)
-BOOLEAN_FLAGS = ("json", "color", "replacement")
+BOOLEAN_FLAGS = ("json", "color", "replacement", "verbose")
 STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype",
                 "verifier", "tree_drafts")
-# fire's one-letter -x names the only flag starting with x; the verifier's later flags take no part, so that -n and
-# -r still name --n_tokens_to_generate and --repeats
-ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "replacement", "tree_drafts"))
+# fire's one-letter -x names the only flag starting with x; the flags added later take no part, so that -n, -r and
+# -v still name --n_tokens_to_generate, --repeats and --verifier
+ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "replacement", "tree_drafts", "verbose"))
 VERIFIERS = ("token", "block", "multi", "tree")
 SEVERAL_DRAFTS = ("multi", "tree")  # the verifiers that take --n_drafts > 1
 DEFAULT_N_DRAFTS = 3  # multi and tree, when --n_drafts is not given
@@ -156,6 +161,49 @@ def fire_command(given):
 # ---- checks, before anything is loaded --------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Run:
+    """A command line, checked: what the decoders run on, and `flags`, what the result repeats of it (--json)."""
+
+    prompts: list  # the texts to continue, one per row: a single prompt, or a batch
+    decoders: list  # names among DECODERS, in the order given
+    settings: sampling.SamplingSettings
+    models_dir: str
+    flags: dict  # draft, target, K, temperature, top_k, top_p, seed, n_tokens, repeats, backend, dtype, verifier...
+
+    @property
+    def batch(self):
+        return len(self.prompts) > 1
+
+
+def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size, models_dir, K, temperature, top_k,
+              top_p, seed, decoder, repeats, backend, dtype, batch_size, threads, verifier, n_drafts, replacement,
+              tree_drafts, **report_flags):
+    """main()'s arguments, every one checked before any model is loaded, and --threads set: -> a Run.
+
+    report_flags (json, color, verbose) only choose how the result is printed."""
+    decoders = parse_decoders(decoder)
+    check_flags(n_tokens_to_generate, K, seed, repeats, decoders, temperature, backend, dtype)
+    settings = sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
+    n_drafts, tree_drafts = check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, draft_model_size)
+    prompts = list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
+    for text in prompts:
+        check_strings(None, prompt=text)
+    check_strings(models_dir, draft_model_size=draft_model_size, target_model_size=target_model_size)
+    B = batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier)
+    set_threads(threads)
+    models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
+    lookup = draft_model_size == drafts.PROMPT_LOOKUP
+    for name in ([] if lookup else [draft_model_size]) + [target_model_size]:
+        for text in set(prompts):
+            check_context_early(text, n_tokens_to_generate, name, models_dir)
+    flags = {"draft": draft_model_size, "target": target_model_size, "K": K, "temperature": temperature,
+             "top_k": top_k, "top_p": top_p, "seed": seed, "n_tokens": n_tokens_to_generate, "repeats": repeats,
+             "backend": backend, "dtype": dtype, "verifier": verifier, "n_drafts": n_drafts,
+             "replacement": replacement, "tree_drafts": tree_drafts}
+    return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags)
+
+
 def parse_decoders(decoder):
     names = decoder.split(",") if isinstance(decoder, str) else list(decoder)  # a list from Python callers
     names = [str(name).strip() for name in names if str(name).strip()]
@@ -226,9 +274,13 @@ def check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, dr
 
 
 def set_threads(threads):
-    """--threads, checked, for every product of the NumPy engine (engine/threads.py); None: every usable core."""
+    """--threads, checked, for every product of the NumPy engine (engine/threads.py); None: every usable core.
+
+    More threads than cores would only take turns on them, and the layouts measured with them would be slower."""
     if threads is not None and (not sampling.is_integer(threads) or threads < 1):
         raise ValueError(f"--threads must be an integer >= 1, got {threads!r}")
+    if threads is not None and threads > usable_cores():
+        raise ValueError(f"--threads {threads} exceeds the {usable_cores()} cores this process may run on")
     THREADS.set(None if threads is None else int(threads))
 
 
@@ -298,7 +350,7 @@ def check_context_early(prompt, n_tokens, model_size, models_dir):
 def usage(main, examples):
     """What --help prints: main.py's examples, then every flag of main() with its default."""
     defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
-    described_defaults = {"models_dir": "models/ beside main.py", "json": "off",
+    described_defaults = {"models_dir": "models/ beside main.py", "json": "off", "verbose": "off",
                           "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt",
                           "threads": "every usable core", "replacement": "off",
                           "n_drafts": f"1; {DEFAULT_N_DRAFTS} with --verifier multi or tree",

@@ -6,7 +6,8 @@ all decoders interleave, so a drift in the machine's speed touches them alike; a
 median run, with every run's seconds, and the speedup is the median of the paired ratios. One sequence
 decodes with sampling's decoders (or sampling_jax's device loops); a batch (--batch_size B, or --prompt
 given several times) with sampling_batched's or sampling_jax's batched loops, row i with the Generator of
-seed + i, so row 0 is exactly the one-sequence run with --seed.
+seed + i, so row 0 is exactly the one-sequence run with --seed. `compare_decoders` is main.py's one entry for
+both. On a terminal, tqdm bars on stderr count the runs and each run's tokens.
 
 --json's vocabulary, the same for one sequence and for each row of a batch: `tokens` the prompt and the
 new tokens (as the decoders return them), `new_tokens` the new ones only, `text` their text.
@@ -23,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 import sampling
-from cli.flags import check_context, encode_prompt
+from cli.flags import DECODERS
 from batching import sampling_batched
 from engine.threads import THREADS
 from cli import backends
@@ -40,6 +41,17 @@ ROW_COUNTERS = ("loops", "target_calls", "draft_calls", "drafted", "accepted", "
                 "tokens_per_target_call")
 
 
+def compare_decoders(run, rows, draft, target, encoder):
+    """The run's decoders on its rows (token ids), compared: -> (the result dict that --json prints, each decoder's
+    stats). One row decodes as one sequence; several as a batch, with batched models."""
+    explain_backend(run.flags["backend"], run.flags["dtype"])
+    explain_blas_kernels(run.flags["backend"])
+    explain_verifier(run.flags["verifier"], run.flags["backend"])
+    if run.batch:
+        return compare_batch(run, rows, draft, target, encoder)
+    return compare_one_sequence(run, rows[0], draft, target, encoder)
+
+
 def compare(names, decode, repeats):
     """decode(name) -> (result, stats) for each decoder named: one untimed run, then `repeats` interleaved timed
     runs. -> ({name: the median run's result with every run's seconds}, {name: its stats}).
@@ -47,12 +59,15 @@ def compare(names, decode, repeats):
     Every run decodes the same tokens (same seed, empty caches); only the times differ. The median run
     (the lower of the two middle ones for an even count) gives the seconds and the draft and target times.
     """
-    for name in names:
-        decode(name)  # untimed warm-up: the first run pays for touching the weights and, with JAX, for compiling
     timed = {name: [] for name in names}
-    for _ in range(repeats):
-        for name in names:  # interleaved: a change in the machine's speed touches every decoder alike
-            timed[name].append(decode(name))
+    with progress_bar("runs", len(names) * (1 + repeats), unit="run", position=0) as bar:
+        for name in names:
+            decode(name)  # untimed warm-up: the first run pays for touching the weights and, with JAX, for compiling
+            bar.update()
+        for _ in range(repeats):
+            for name in names:  # interleaved: a change in the machine's speed touches every decoder alike
+                timed[name].append(decode(name))
+                bar.update()
     results, stats = {}, {}
     for name in names:
         result, stats[name] = sorted(timed[name], key=lambda run: run[0]["seconds"])[(len(timed[name]) - 1) // 2]
@@ -78,9 +93,10 @@ def add_speedups(result):
     result["speedup"] = result["speculative"]["speedup"] if result["speculative"] else None
 
 
-def progress_bar(name, total):
-    """A tqdm bar on a terminal; elsewhere a disabled one, which ignores updates."""
-    return tqdm(total=total, desc=name, unit="tok", leave=False, disable=not sys.stderr.isatty())
+def progress_bar(name, total, unit="tok", position=1):
+    """A tqdm bar on stderr on a terminal; elsewhere a disabled one, which ignores updates. position 1 (a decoder's
+    tokens) sits below position 0 (compare's runs)."""
+    return tqdm(total=total, desc=name, unit=unit, leave=False, position=position, disable=not sys.stderr.isatty())
 
 
 def token_lists(prompt, x, encoder):
@@ -90,6 +106,27 @@ def token_lists(prompt, x, encoder):
 
 
 # ---- one sequence ------------------------------------------------------------------------------------
+
+
+def compare_one_sequence(run, prompt_ids, draft, target, encoder):
+    """The decoders on one prompt: -> (the result dict, {decoder: its stats or None}), costs and speedups added."""
+    flags, K = run.flags, run.flags["K"]
+    # this machine's costs, before the runs: the report's explanation, and --K auto's choices (JAX's device
+    # loops time no single step, so they are measured there only for --K auto, which runs on the host)
+    measured = (costs.measure_costs(target, draft, prompt_ids, run.settings)
+                if flags["backend"] == "numpy" or K == "auto" else None)
+    speculative_draft = costs.AutoK(draft, measured) if K == "auto" else draft
+    speculative = verifier_decoder(flags["verifier"], flags["n_drafts"], flags["replacement"], flags["tree_drafts"])
+    results, stats = compare(run.decoders, lambda name: run_decoder(
+        name, prompt_ids, draft, speculative_draft, target, encoder, flags["n_tokens"],
+        AUTO_K_MAX if K == "auto" else K, run.settings, flags["seed"], speculative), flags["repeats"])
+    result = {"prompt": run.prompts[0], **flags, "costs": describe_costs(measured),
+              **{name: results.get(name) for name in DECODERS}}
+    stats = {name: stats.get(name) for name in DECODERS}  # the report follows this order
+    add_run_costs(result, stats, measured)
+    add_speedups(result)
+    result["engine"] = describe_engine(target)  # threads, the target's layouts, peak memory
+    return result, stats
 
 
 def verifier_decoder(verifier, n_drafts=1, replacement=False, tree_drafts=None):
@@ -183,20 +220,14 @@ def add_run_costs(result, stats, measured):
 # ---- a batch of rows ---------------------------------------------------------------------------------
 
 
-def run_batch(prompts, draft, target, encoder, decoders, settings, N, backend, dtype, flags):
-    """B rows, one per prompt, decoded at once with each decoder and compared. -> (the result dict, its stats).
-
-    draft, target: (params, hparams) each; flags: what the result repeats of the command line.
-    """
-    rows = [encode_prompt(encoder, text) for text in prompts]
-    check_context(max(len(row) for row in rows), N, draft[1], target[1])
-    draft_model, target_model = (backends.make_batched_model(params, hparams, len(rows), backend, dtype, "auto")
-                                 for params, hparams in (draft, target))
-    explain_backend(backend, dtype)
-    explain_blas_kernels(backend)
-    results, stats = compare(decoders, lambda name: decode_batch(name, rows, draft_model, target_model, encoder, N,
-                                                                 flags["K"], settings, flags["seed"]), flags["repeats"])
-    result = {"prompt": prompts, "batch_size": len(rows), **flags,
+def compare_batch(run, rows, draft, target, encoder):
+    """B rows, one per prompt, decoded at once with each decoder (batched models) and compared.
+    -> (the result dict, {decoder: its BatchStats})."""
+    flags = run.flags
+    results, stats = compare(run.decoders, lambda name: decode_batch(
+        name, rows, draft, target, encoder, flags["n_tokens"], flags["K"], run.settings, flags["seed"]),
+        flags["repeats"])
+    result = {"prompt": run.prompts, "batch_size": len(rows), **flags,
               **{name: results.get(name) for name in ("autoregressive", "speculative")}}
     add_speedups(result)
     result["engine"] = describe_engine()

@@ -183,6 +183,17 @@ def test_pair_bench_refuses_a_prompt_offset_outside_its_share_of_the_text(offset
     assert "Traceback" not in completed.stderr
 
 
+# bench/verifiers.py run as a script would find itself under the name verifiers: run it as a module
+@pytest.mark.parametrize("bench", [[str(REPO / "bench" / "pair.py")], [str(REPO / "bench" / "text_quality.py")],
+                                   ["-m", "bench.verifiers"]], ids=["pair", "text_quality", "verifiers"])
+def test_a_bench_on_held_out_text_says_how_to_build_it_when_it_is_missing(bench, tmp_path):
+    command = [sys.executable, *bench, "--heldout", str(tmp_path / "heldout.txt")]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
+    assert str(tmp_path / "heldout.txt") in completed.stderr and "python tools/build_corpus.py" in completed.stderr
+
+
 def test_pair_bench_takes_prompt_lookup_as_the_draft():
     command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
                "--draft", "prompt-lookup", "--n_prompts", "2", "--n_tokens", "16", "--K", "2,auto",

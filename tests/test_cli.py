@@ -137,7 +137,7 @@ def test_K_auto_and_prompt_lookup_give_the_autoregressive_tokens(models_dir):
 
 
 def test_the_report_explains_the_run(models_dir):
-    report = run_main(*PAIR, "--n_tokens_to_generate", "16", "--temperature", "0", "--repeats", "1",
+    report = run_main(*PAIR, "--n_tokens_to_generate", "16", "--temperature", "0", "--repeats", "1", "--verbose",
                       models_dir=models_dir)
     assert report.returncode == 0, report.stderr
     for words in ["bonus tokens", "this run's costs: a target decode step", "(the autoregressive run's time per token)",
@@ -204,7 +204,7 @@ def test_no_color_turns_colour_off_on_a_terminal_unless_color_is_given(monkeypat
 
 def test_text_report_names_the_rejected_drafts_and_what_alpha_counts(models_dir):
     args = [*PAIR, "--n_tokens_to_generate", "30", "--K", "6", "--temperature", "0", "--repeats", "2"]
-    text = run_main(*args, models_dir=models_dir)
+    text = run_main(*args, "--verbose", models_dir=models_dir)  # the counts are --verbose's
     output = json.loads(run_main(*args, "--json", models_dir=models_dir).stdout.strip().splitlines()[-1])
     assert text.returncode == 0, text.stderr
     run = output["speculative"]
@@ -272,6 +272,7 @@ def test_an_empty_prompt_starts_from_endoftext(models_dir):
     (["--repeats", "0"], "--repeats must be an integer >= 1"),
     (["--threads", "0"], "--threads must be an integer >= 1"),
     (["--threads", "two"], "--threads must be an integer >= 1"),
+    (["--threads", "1000"], "--threads 1000 exceeds the"),  # more than this machine's cores
     # a flag without its value, and stray words, are refused rather than read as True or as positions
     (["hello", "5"], "unexpected argument 'hello'"),
     (["--K", "3", "5"], "unexpected argument '5'"),
@@ -346,7 +347,7 @@ def test_threads_one_gives_every_threads_tokens_and_the_json_names_the_engine(mo
 
     runs = {}
     try:
-        for threads in (1, 2, None):
+        for threads in (1, min(2, usable_cores()), None):  # --threads above the usable cores is refused
             runs[threads] = main.main(prompt="the cat", n_tokens_to_generate=12, draft_model_size="draft",
                                       target_model_size="target", models_dir=str(models_dir), K=3, temperature=0,
                                       repeats=1, json=True, threads=threads)
@@ -357,7 +358,7 @@ def test_threads_one_gives_every_threads_tokens_and_the_json_names_the_engine(mo
             assert result["engine"]["peak_memory_bytes"] > 10e6
         capsys.readouterr()
         main.main(prompt="the cat", n_tokens_to_generate=6, draft_model_size="draft", target_model_size="target",
-                  models_dir=str(models_dir), repeats=1, threads=1)
+                  models_dir=str(models_dir), repeats=1, threads=1, verbose=True)
         assert "engine: 1 thread(s) (engine/threads.py); the target's products: attn.c_attn" in capsys.readouterr().out
     finally:
         THREADS.set(None)

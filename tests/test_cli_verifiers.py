@@ -102,7 +102,7 @@ def test_K_auto_with_block_verification(models_dir, capsys):
 
 def test_the_report_names_the_verifier_and_what_its_numbers_mean(models_dir, capsys):
     common = dict(prompt=PROMPT, draft_model_size="draft", target_model_size="target", models_dir=str(models_dir),
-                  n_tokens_to_generate=8, K=3, temperature=1.0, repeats=1, color=False)
+                  n_tokens_to_generate=8, K=3, temperature=1.0, repeats=1, color=False, verbose=True)
     main.main(**common, verifier="block")
     out = capsys.readouterr().out
     assert "\nspeculative (block verification, K 3): " in out

@@ -259,3 +259,14 @@ def test_a_build_says_how_it_differs_from_the_recorded_one():
                         "3.11.2-6+deb12u9), bytes 11046319 (recorded: 11048275)")
     assert "pypi-xarray: not in this build" in lines
     assert lines[-1] == "for the recorded documentation: apt-get update && apt-get install -y python3.11-doc"
+
+
+def test_a_missing_documentation_folder_names_the_debian_package_that_installs_it(tmp_path):
+    recorded = json.loads((REPO / "models" / "corpus_manifest.json").read_text(encoding="utf-8"))
+    assert recorded["sources"][0]["debian_package"].split()[0] == build_corpus.DOCS_PACKAGE  # what the pair used
+    with pytest.raises(SystemExit) as exit:
+        build_corpus.main(["--docs_dir", str(tmp_path / "nowhere"), "--out_dir", str(tmp_path / "out")])
+    message = str(exit.value.code)
+    assert message.startswith("build_corpus: error: docs_dir ") and "\n" not in message
+    assert f"apt-get install {build_corpus.DOCS_PACKAGE}" in message and "--docs_dir" in message
+    assert not (tmp_path / "out").exists()

@@ -186,7 +186,7 @@ def test_main_with_the_jax_backend_prints_the_numpy_backends_statistics(capsys):
     reports, results = {}, {}
     for backend in ("numpy", "jax"):
         results[backend] = main.main(n_tokens_to_generate=16, repeats=1, temperature=0.0, backend=backend,
-                                     color=False)
+                                     color=False, verbose=True)  # the counts and costs are --verbose's
         reports[backend] = capsys.readouterr().out.splitlines()
     for name in ("autoregressive", "speculative"):
         numpy_run, jax_run = results["numpy"][name], results["jax"][name]

@@ -334,4 +334,4 @@ except ImportError as error:
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["5", backends.JAX_MISSING]
-    assert "pip install jax" in backends.JAX_MISSING and "jax[cuda12]" in backends.JAX_MISSING
+    assert "pip install -r requirements-jax.txt" in backends.JAX_MISSING and "jax[cuda12]" in backends.JAX_MISSING

@@ -34,6 +34,7 @@ from checkpoints.atomic import write_atomically
 from tools import corpus_packages
 
 DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
+DOCS_PACKAGE = "python3.11-doc"  # the Debian package that installs DOCS_DIR (models/corpus_manifest.json records it)
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 OUT_DIR = REPO / "build" / "corpus"
 DOWNLOAD_DIR = REPO / "build" / "downloads"
@@ -148,9 +149,11 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
 
     packages: corpus_packages.Package pins whose Python sources join the corpus (none by default)."""
     out_dir, docs_dir, stdlib_dir, download_dir = Path(out_dir), Path(docs_dir), Path(stdlib_dir), Path(download_dir)
-    for label, directory in [("docs_dir", docs_dir), ("stdlib_dir", stdlib_dir)]:
-        if not directory.is_dir():
-            raise ValueError(f"{label} {directory} is not a directory")
+    if not docs_dir.is_dir():
+        raise ValueError(f"docs_dir {docs_dir} is not a directory: Debian's {DOCS_PACKAGE} installs the Python "
+                         f"documentation there (apt-get install {DOCS_PACKAGE}), or pass --docs_dir")
+    if not stdlib_dir.is_dir():
+        raise ValueError(f"stdlib_dir {stdlib_dir} is not a directory")
     if max_stdlib_bytes < 0 or heldout_every < 2:
         raise ValueError("max_stdlib_bytes must be >= 0 and heldout_every >= 2")
 
@@ -200,7 +203,7 @@ def build_corpus(out_dir=OUT_DIR, docs_dir=DOCS_DIR, stdlib_dir=STDLIB_DIR, max_
 def differences_from_record(manifest, recorded):
     """What makes this build's outputs differ from the recorded build's, one line per source; [] when they match.
 
-    The documentation comes from whatever python3.11-doc the machine's package lists offer: stale lists
+    The documentation comes from whatever DOCS_PACKAGE the machine's package lists offer: stale lists
     install an older revision (one was 1,956 bytes shorter), hence the hint.
     """
     if manifest["outputs"] == recorded["outputs"]:
@@ -218,7 +221,7 @@ def differences_from_record(manifest, recorded):
     built = {source["name"] for source in manifest["sources"]}
     lines += [f"{name}: not in this build" for name in sorted(recorded_sources.keys() - built)]
     if other_debian_package:
-        lines.append("for the recorded documentation: apt-get update && apt-get install -y python3.11-doc")
+        lines.append(f"for the recorded documentation: apt-get update && apt-get install -y {DOCS_PACKAGE}")
     return lines or ["the same sources, yet other outputs"]
 
 
