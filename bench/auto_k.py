@@ -31,7 +31,7 @@ import numpy as np
 import engine
 import sampling
 import utils
-from bench.pair import held_out_tokens, require_heldout
+from bench.heldout import held_out_tokens, require_heldout
 from speedup import costs
 from speedup.stats import SpeculativeStats
 

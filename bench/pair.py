@@ -26,15 +26,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import engine
 import sampling
 import utils
+from bench.heldout import held_out_tokens, require_heldout
 from bench.machine import blas_info, cpu_model
 from bench.text_quality import perplexity
 from speedup import costs, drafts
@@ -68,19 +67,6 @@ def parse_args(argv=None):
     if not 0 <= args.prompt_offset < 1:
         parser.error(f"--prompt_offset must be at least 0 and below 1, got {args.prompt_offset}")
     return args
-
-
-def require_heldout(path):
-    """A one-line error and exit status 2 where the held-out text is missing: it is built, not committed."""
-    if not Path(path).is_file():
-        print(f"error: no held-out text at {path}: build it with `python tools/build_corpus.py` "
-              "(tests/fixtures/heldout_sample.txt is a small sample of it)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def held_out_tokens(encoder, path):
-    text = Path(path).read_text(encoding="utf-8")
-    return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
 
 
 def spread(values):

@@ -29,7 +29,7 @@ import engine
 import gpt2
 import sampling
 import utils
-from bench.pair import require_heldout
+from bench.heldout import require_heldout
 from encoder import EOT
 
 

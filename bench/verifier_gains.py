@@ -35,7 +35,8 @@ import engine
 import sampling
 import utils
 from bench.machine import blas_info, cpu_model
-from bench.pair import held_out_tokens, require_heldout, spread
+from bench.heldout import held_out_tokens, require_heldout
+from bench.pair import spread
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 from verifiers.multi_draft import multi_draft_speculative_sampling

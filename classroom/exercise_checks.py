@@ -363,7 +363,7 @@ def check_break_even_batch(break_even_batch):
 def check_implied_alpha(implied_alpha):
     for alpha in (0.0, 0.2, 0.5, 0.58, 0.8, 0.95):
         for c, K, v in [(0.0, 4, 1.0), (0.1, 4, 1.0), (0.05, 2, 1.3), (0.3, 8, 1.0)]:
-            speedup = sampling.expected_speedup(alpha, c, K, v)
+            speedup = expected_speedup(alpha, c, K, v)
             yours = implied_alpha(speedup, c, K, v)
             assert close(yours, alpha, 1e-4), (
                 f"c={c}, K={K}, v={v}: alpha = {alpha} gives a speedup of {speedup:.4f}, and your alpha for it is "
