@@ -6,7 +6,7 @@ each row decoded exactly as it would be alone.
 - Row i of a batch gives the batch-1 decoder's tokens and statistics with row i's Generator, for B in
   1, 3 and 8, prompts and lengths differing per row, greedy and at temperature 1 with top-k and top-p,
   with the NumPy models and with the JAX device loops (on the CPU).
-- Exactness: on test_exactness.py's table models, each row's first tokens pass its chi-square test
+- Exactness: on the table models of tests/helpers.py, each row's first tokens pass its chi-square test
   against the target, and a batched rule that cuts every row at the batch's first rejection fails it.
 
 Logits of a batched product differ from a single row's in the last float32 bits: logits are compared
@@ -23,7 +23,7 @@ import sampling
 from batching import gpt2_batched, sampling_batched
 from gpt2_cases import random_params
 from speedup.stats import SpeculativeStats
-from test_exactness import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, assert_follows, chi_square_p_value, \
+from helpers import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, assert_follows, chi_square_p_value, \
     exact_joint, perturbed, random_target
 
 # prompts of seven different lengths, and a different number of new tokens for each row (within n_ctx 64)
@@ -206,7 +206,7 @@ def test_the_batchs_calls_are_counted_once_and_finished_rows_are_not_fed(pair):
 
 
 class BatchedTableModel:
-    """test_exactness.TableModel for a batch: each row's next-token logits depend on its previous token."""
+    """helpers.TableModel for a batch: each row's next-token logits depend on its previous token."""
 
     def __init__(self, table, batch_size):
         self.table = np.asarray(table, dtype=np.float32)

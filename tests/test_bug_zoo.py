@@ -14,7 +14,7 @@ import gpt2
 import sampling
 from classroom import bug_zoo, lossless
 from speedup.stats import SpeculativeStats
-from test_exactness import HPARAMS, perturbed, random_target
+from helpers import HPARAMS, perturbed, random_target
 
 DISTRIBUTION_BUGS = [bug.name for bug in bug_zoo.BUGS if not bug.speed_only]
 SPEED_BUGS = [bug.name for bug in bug_zoo.BUGS if bug.speed_only]

@@ -9,7 +9,7 @@ import gpt2
 import sampling
 from speedup import drafts
 from speedup.stats import SpeculativeStats
-from test_exactness import HPARAMS, TARGET_TABLE, TableModel, chi_square_p_value, exact_joint, random_target
+from helpers import HPARAMS, TARGET_TABLE, TableModel, chi_square_p_value, exact_joint, random_target
 
 
 def test_lookup_proposes_what_followed_the_latest_match_of_the_longest_ngram():

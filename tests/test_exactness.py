@@ -9,16 +9,16 @@ Two kinds of evidence:
   a deliberately wrong resampling rule, so it has teeth.
 """
 
-import copy
 import math
-from itertools import product
 
 import numpy as np
 import pytest
 
 import gpt2
 import sampling
-from classroom.lossless import chi2_sf, chi_square_test
+from classroom.lossless import chi2_sf
+from helpers import DRAFT_TABLE, HPARAMS, N_TOKENS, PROMPT, TARGET_TABLE, TableCallable, TableModel, assert_follows, \
+    chi_square_p_value, exact_joint, perturbed, random_target
 from speedup.stats import SpeculativeStats
 
 # ---- the chi-square test lives in lossless.py (no scipy at run time); its survival function is checked here
@@ -48,60 +48,9 @@ def test_chi2_sf_matches_table_critical_values():
     assert chi2_sf(29.588, 10) == pytest.approx(0.001, rel=1e-3)
 
 
-def chi_square_p_value(counts, expected_probs):
-    """Pearson's test of counts against probabilities (lossless.py's, which pools cells expected below 5)."""
-    return chi_square_test(counts, expected_probs)[2]
+# ---- the table models of tests/helpers.py ---------------------------------------------------
 
-
-# ---- toy models --------------------------------------------------------------------------------
-
-NEVER = -np.inf  # a logit of probability zero
-
-# next-token logits given the previous token (rows) over a vocabulary of 4 tokens; both tables have
-# zeros, some where the other has mass: q-only tokens come only from resampling or the bonus token
-TARGET_TABLE = [[1.0, 0.5, NEVER, -0.5],
-                [NEVER, 0.2, 1.5, 0.0],
-                [0.3, NEVER, 0.3, 1.0],
-                [2.0, 0.0, -1.0, NEVER]]
-DRAFT_TABLE = [[0.0, 1.5, 0.5, NEVER],
-               [0.5, NEVER, 1.0, 0.8],
-               [1.0, 0.2, NEVER, 0.0],
-               [NEVER, 1.0, 0.5, 0.2]]
-PROMPT = [2, 0]
-N_TOKENS = 3
 N_SAMPLES = 20_000
-
-
-class TableModel:
-    """A project-contract model: logits of the next token depend on the previous token."""
-
-    def __init__(self, table):
-        self.table = np.asarray(table, dtype=np.float32)
-        self.n_vocab, self.n_ctx = self.table.shape[1], 64
-
-    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
-        return self.table[np.asarray(x)[-n_last:]]
-
-
-class TableCallable:
-    """jaymody/speculative-sampling's model contract: probabilities for every position of x."""
-
-    def __init__(self, table):
-        self.probs = sampling.softmax(np.asarray(table, dtype=np.float32))
-
-    def __call__(self, x):  # [n_seq] -> [n_seq, n_vocab]
-        return self.probs[np.asarray(x)]
-
-
-def exact_joint(table, settings, prompt=PROMPT, n_tokens=N_TOKENS):
-    """P(first n_tokens generated tokens) under the processed target, flattened in product order."""
-    q = sampling.logits_to_probs(np.asarray(table, dtype=np.float32), settings).astype(np.float64)
-    n_vocab = q.shape[1]
-    joint = []
-    for tokens in product(range(n_vocab), repeat=n_tokens):
-        previous = [prompt[-1], *tokens[:-1]]
-        joint.append(math.prod(q[prev, token] for prev, token in zip(previous, tokens)))
-    return np.array(joint)
 
 
 def empirical_counts(decode, n_vocab, n_samples=N_SAMPLES, seed=0):
@@ -113,13 +62,6 @@ def empirical_counts(decode, n_vocab, n_samples=N_SAMPLES, seed=0):
         assert len(generated) == N_TOKENS
         counts[np.ravel_multi_index(tuple(generated), (n_vocab,) * N_TOKENS)] += 1
     return counts
-
-
-def assert_follows(counts, joint):
-    impossible = joint == 0
-    assert impossible.any() and counts[impossible].sum() == 0, "a sequence of probability zero was generated"
-    p_value = chi_square_p_value(counts[~impossible], joint[~impossible])
-    assert p_value > 1e-3, f"chi-square p-value {p_value:.2e}: the samples do not follow the target"
 
 
 SETTINGS_VARIANTS = {
@@ -162,37 +104,8 @@ def test_resampling_from_q_instead_of_max_fn_is_caught(monkeypatch):
 
 # ---- temperature 0: exactly the autoregressive tokens ------------------------------------------
 
-HPARAMS = {"n_vocab": 96, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
 PROMPTS = [[1, 2, 3], [50], [7, 7, 7, 7, 80, 1]]
 N_GREEDY = 30
-
-
-def scaled_params(hparams, seed, scale=10.0):
-    """A random GPT-2 whose blocks matter (weights scale x GPT-2's init), so greedy text varies, without ties."""
-    params = gpt2.init_params(hparams, np.random.default_rng(seed))
-    for block in params["blocks"]:
-        for layer in [*block["attn"].values(), *block["mlp"].values()]:
-            layer["w"] *= scale
-    return params
-
-
-def random_target():
-    return scaled_params(HPARAMS, seed=0)
-
-
-def perturbed(params, noise, seed):
-    """A draft that mostly agrees with the target: its weights plus noise of `noise` times their spread."""
-    rng = np.random.default_rng(seed)
-    perturb = lambda w: (w + noise * w.std() * rng.standard_normal(w.shape)).astype(np.float32)
-    return _map_arrays(perturb, copy.deepcopy(params))
-
-
-def _map_arrays(f, tree):
-    if isinstance(tree, dict):
-        return {key: _map_arrays(f, value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_map_arrays(f, value) for value in tree]
-    return f(tree)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import gpt2
 import sampling
 from speedup.stats import SpeculativeStats, expected_speedup, expected_tokens_per_loop
-from test_exactness import HPARAMS, TableCallable, TableModel, DRAFT_TABLE, TARGET_TABLE, perturbed, random_target
+from helpers import HPARAMS, TableCallable, TableModel, DRAFT_TABLE, TARGET_TABLE, perturbed, random_target
 
 # ---- logits -> probabilities -------------------------------------------------------------------
 
