@@ -16,6 +16,7 @@ import numpy as np
 import gpt2
 import sampling
 import utils
+from classroom import lossless
 from classroom.lossless import chi_square_test
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode
@@ -68,6 +69,21 @@ def exact_joint(table, settings, prompt=PROMPT, n_tokens=N_TOKENS):
         previous = [prompt[-1], *tokens[:-1]]
         joint.append(math.prod(q[prev, token] for prev, token in zip(previous, tokens)))
     return np.array(joint)
+
+
+def table_problem(draft_table, target_table, settings, *, prompt=PROMPT, N=N_TOKENS, K=2, cached=True):
+    """The tables as a lossless.Problem for classroom/exact_law's oracle: a context table that ignores the token
+    two back, models of the project's contract with a cache (cached) or plain callables, the first N tokens' law."""
+    def context(table):  # [n_vocab, n_vocab] -> [n_vocab (two back), n_vocab (previous), n_vocab]
+        table = np.asarray(table, dtype=np.float32)
+        return lossless.ContextTable(np.broadcast_to(table, (len(table), *table.shape)))
+
+    return lossless.Problem(f"tables, prompt {list(prompt)}, K={K}, {settings}", context(draft_table),
+                            context(target_table), tuple(prompt), N, K, settings, cached, n_samples=1, n_joint=N)
+
+
+def autoregressive(x, draft_model, target_model, N, K, rng, **settings):  # the oracle's signature; ignores the draft
+    return sampling.autoregressive_sampling(x, target_model, N, rng, **settings)
 
 
 def chi_square_p_value(counts, expected_probs):
