@@ -19,8 +19,8 @@ import gpt2
 import sampling
 from classroom.lossless import chi2_sf
 from classroom import exact_law
-from helpers import DRAFT_TABLE, HPARAMS, N_TOKENS, PROMPT, TARGET_TABLE, TableModel, autoregressive, chi_square_p_value, \
-    exact_joint, perturbed, random_target, table_problem
+from helpers import DRAFT_TABLE, HPARAMS, N_TOKENS, PROMPT, TARGET_TABLE, TableModel, autoregressive, \
+    chi_square_p_value, exact_joint, perturbed, random_target, table_problem
 from speedup.stats import SpeculativeStats
 
 # ---- the chi-square test lives in lossless.py (no scipy at run time); its survival function is checked here
@@ -91,7 +91,7 @@ def resample_from_q(monkeypatch):
 def test_resampling_from_q_instead_of_max_fn_is_caught(monkeypatch):
     resample_from_q(monkeypatch)
     check = exact_check(sampling.speculative_sampling, sampling.SamplingSettings())
-    assert not any(result.impossible for result in check.results)  # the wrong rule still only samples possible tokens...
+    assert not any(result.impossible for result in check.results)  # the wrong rule samples only possible tokens...
     assert not check.passed and check.max_tv > 0.2, check.report  # ...at the wrong frequencies (total variation 0.231)
 
 
