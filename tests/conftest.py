@@ -66,6 +66,22 @@ def bundled_pair_after(text):  # -> (text's tokens, the draft, the target), the 
             gpt2.GPT2Model(target_params, target_hparams))
 
 
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    """Tiny model folders for main.py (tests/helpers.write_models_dir): target, draft, other-vocabulary, broken."""
+    import helpers  # here, not above: NumPy must start after the cores are shared out
+
+    return helpers.write_models_dir(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A corpus of two splits packed with the bundled vocabulary: (corpus_dir, pack_dir, record)."""
+    import helpers
+
+    return helpers.pack_sample_corpus(tmp_path_factory.mktemp("pack"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -1,4 +1,5 @@
-"""The engine's random test models, shared by test_gpt2.py and test_jax_backend.py (which must not need torch)."""
+"""The engine's random test models, shared by test_gpt2.py, test_gpt2_transformers.py and test_jax_backend.py
+(the first and the last must not need torch)."""
 
 import numpy as np
 

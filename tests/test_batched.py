@@ -6,8 +6,9 @@ each row decoded exactly as it would be alone.
 - Row i of a batch gives the batch-1 decoder's tokens and statistics with row i's Generator, for B in
   1, 3 and 8, prompts and lengths differing per row, greedy and at temperature 1 with top-k and top-p,
   with the NumPy models and with the JAX device loops (on the CPU).
-- Exactness: on test_exactness.py's table models, each row's first tokens pass its chi-square test
-  against the target, and a batched rule that cuts every row at the batch's first rejection fails it.
+- Exactness: on the table models of tests/helpers.py, each row's exact law (classroom/exact_law.py, the other
+  rows' Generators fixed) is the target's, and a batched rule that cuts every row at the batch's first
+  rejection moves it.
 
 Logits of a batched product differ from a single row's in the last float32 bits: logits are compared
 to rtol 1e-4 (plus 1e-5 of the largest logit for entries near zero), tokens and counts exactly.
@@ -21,10 +22,10 @@ import pytest
 import gpt2
 import sampling
 from batching import gpt2_batched, sampling_batched
+from classroom import exact_law
 from gpt2_cases import random_params
 from speedup.stats import SpeculativeStats
-from test_exactness import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, assert_follows, chi_square_p_value, \
-    exact_joint, perturbed, random_target
+from helpers import DRAFT_TABLE, HPARAMS, N_TOKENS, TARGET_TABLE, perturbed, random_target, table_problem
 
 # prompts of seven different lengths, and a different number of new tokens for each row (within n_ctx 64)
 PROMPTS = [[50], [1, 2, 3], [7, 7, 7, 7, 80, 1], [9, 4], [3, 1, 4, 1, 5, 9, 2], [60, 61, 62, 63], [8], [20, 30, 40]]
@@ -202,11 +203,11 @@ def test_the_batchs_calls_are_counted_once_and_finished_rows_are_not_fed(pair):
                                                                             stats.total("rejected"))
 
 
-# ----------------------------------------------------------------- exactness, row by row (chi-square)
+# ------------------------------------------------------------------ exactness, row by row (exact law)
 
 
 class BatchedTableModel:
-    """test_exactness.TableModel for a batch: each row's next-token logits depend on its previous token."""
+    """helpers.TableModel for a batch: each row's next-token logits depend on its previous token."""
 
     def __init__(self, table, batch_size):
         self.table = np.asarray(table, dtype=np.float32)
@@ -218,31 +219,36 @@ class BatchedTableModel:
 
 
 TABLE_PROMPTS = [[2, 0], [1], [3, 3, 2], [0, 1]]  # four rows, each with its own exact distribution
-TABLE_N = [3, 5, 4, 3]  # rows finish at different loops; the first three tokens are counted
-N_BATCHES = 3_000  # 12,000 rows; the wrong rule below fails every row (p < 1e-13) in 1,000
+TOP_K_AND_P = dict(temperature=1.7, top_k=3, top_p=0.8)
 
 
-def table_counts(n_batches=N_BATCHES, **settings):
-    """Counts of each row's first N_TOKENS tokens over n_batches batched runs, each row with its own Generator."""
+def row_law(i, **settings):
+    """The exact law of row i's N_TOKENS new tokens (classroom/exact_law.py), the other rows' Generators fixed.
+
+    Only row i's random numbers are the oracle's (the rows' paths would multiply); the others, with their own
+    seeded Generators, decode one or two tokens more, so row i finishes first and the batch goes on without it.
+    Exact for every fixed choice of the others' numbers: row i's law does not depend on theirs.
+    """
     B = len(TABLE_PROMPTS)
     draft, target = BatchedTableModel(DRAFT_TABLE, B), BatchedTableModel(TARGET_TABLE, B)
-    counts = np.zeros((B, 4**N_TOKENS), dtype=np.int64)
-    for run in range(n_batches):
-        rngs = [np.random.default_rng([run, i]) for i in range(B)]
-        out = sampling_batched.speculative_sampling(TABLE_PROMPTS, draft, target, TABLE_N, 2, rngs, **settings)
-        for i, row in enumerate(out):
-            counts[i, np.ravel_multi_index(tuple(row[len(TABLE_PROMPTS[i]):][:N_TOKENS]), (4,) * N_TOKENS)] += 1
-    return counts
+    N = [N_TOKENS if j == i else N_TOKENS + 1 + j % 2 for j in range(B)]
+
+    def run(rng):
+        rngs = [rng if j == i else np.random.default_rng([0, j]) for j in range(B)]
+        out = sampling_batched.speculative_sampling(TABLE_PROMPTS, draft, target, N, 2, rngs, **settings)
+        return tuple(int(token) for token in out[i][len(TABLE_PROMPTS[i]):])
+
+    law = exact_law.enumerate_paths(run)
+    problem = table_problem(DRAFT_TABLE, TARGET_TABLE, sampling.SamplingSettings(**settings), prompt=TABLE_PROMPTS[i])
+    return law, exact_law.target_law(problem)
 
 
-def exact_joints(**settings):
-    return [exact_joint(TARGET_TABLE, sampling.SamplingSettings(**settings), prompt=prompt) for prompt in TABLE_PROMPTS]
-
-
-@pytest.mark.parametrize("settings", [{}, dict(temperature=1.7, top_k=3, top_p=0.8)], ids=str)
-def test_each_row_follows_the_target(settings):
-    for counts, joint in zip(table_counts(**settings), exact_joints(**settings)):
-        assert_follows(counts, joint)
+@pytest.mark.parametrize("settings", [{}, TOP_K_AND_P], ids=str)
+@pytest.mark.parametrize("i", range(len(TABLE_PROMPTS)))
+def test_each_row_follows_the_target(i, settings):
+    law, target = row_law(i, **settings)
+    assert exact_law.total_variation(law.law, target)[0] <= exact_law.TV_TOLERANCE  # its exact law is the target's
+    assert law.support <= set(target)  # and it reaches no sequence of probability zero
 
 
 def cut_at_the_batchs_first_rejection(rows, drafts, p, q, rngs):
@@ -256,12 +262,12 @@ def cut_at_the_batchs_first_rejection(rows, drafts, p, q, rngs):
 
 
 def test_a_rule_that_lets_one_rows_rejection_cut_anothers_drafts_is_caught(monkeypatch):
+    """At top-k and top-p, where the oracle has fewest paths to run (every row moves by 0.098 to 0.224)."""
     monkeypatch.setattr(sampling_batched, "judge_rows", cut_at_the_batchs_first_rejection)
-    p_values = []
-    for counts, joint in zip(table_counts(n_batches=1_000), exact_joints()):
-        assert counts[joint == 0].sum() == 0  # the wrong rule still only samples possible tokens...
-        p_values.append(chi_square_p_value(counts[joint > 0], joint[joint > 0]))
-    assert max(p_values) < 1e-9, p_values  # ...at the wrong frequencies, in every row
+    for i in range(len(TABLE_PROMPTS)):
+        law, target = row_law(i, **TOP_K_AND_P)
+        assert law.support <= set(target)  # the wrong rule still only samples possible tokens...
+        assert exact_law.total_variation(law.law, target)[0] > 0.05, i  # ...at the wrong frequencies, in every row
 
 
 # -------------------------------------------------------------------- the JAX device loops, batched

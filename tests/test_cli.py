@@ -2,71 +2,18 @@
 answered by a one- or two-line error and a nonzero exit status, never a traceback."""
 
 import json
-import os
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 
 import pytest
 
 import main
-import utils
 from cli import flags, report, runs
 from conftest import REPO
-from encoder import EOT, bytes_to_unicode, get_encoder_from_dir
+from encoder import get_encoder_from_dir
 from cli import backends
-from test_exactness import perturbed, scaled_params
-
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
-OTHER_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "n")]  # same size, another vocabulary
-N_VOCAB = 256 + len(MERGES) + 1  # byte tokens, merges, <|endoftext|>
-TARGET = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
-SMALL = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 1}
-
-
-def write_vocabulary(model_dir, merges):
-    tokens = list(bytes_to_unicode().values()) + [first + second for first, second in merges] + [EOT]
-    (model_dir / "encoder.json").write_text(json.dumps({token: i for i, token in enumerate(tokens)}))
-    (model_dir / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-
-
-def write_model(model_dir, hparams, params, merges=MERGES):
-    """An OpenAI-style model folder: hparams.json, checkpoint, model.ckpt.*, encoder.json, vocab.bpe."""
-    utils.save_gpt2_checkpoint(params, hparams, str(model_dir))
-    write_vocabulary(model_dir, merges)
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = scaled_params(TARGET, seed=0)
-    write_model(root / "target", TARGET, target)
-    write_model(root / "draft", TARGET, perturbed(target, 0.05, seed=1))  # a draft that often agrees
-    write_model(root / "other-vocabulary", SMALL, scaled_params(SMALL, seed=2), merges=OTHER_MERGES)
-    shutil.copytree(root / "target", root / "corrupt")
-    data = root / "corrupt" / "model.ckpt.data-00000-of-00001"
-    corrupted = bytearray(data.read_bytes())
-    corrupted[len(corrupted) // 2] ^= 0xFF
-    data.write_bytes(bytes(corrupted))
-    (root / "no-checkpoint").mkdir()
-    for name in ["hparams.json", "encoder.json", "vocab.bpe"]:
-        shutil.copy(root / "target" / name, root / "no-checkpoint" / name)
-    return root
-
-
-def run_main(*args, models_dir=None, cwd=REPO, env=None):
-    """main.py in a subprocess without network access (downloads go to a proxy that refuses them)."""
-    offline = {name: "http://127.0.0.1:9" for name in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"]}
-    env = {**os.environ, **offline, "NO_PROXY": "", "no_proxy": "", **(env or {})}
-    flags = ["--models_dir", str(models_dir)] if models_dir else []
-    return subprocess.run([sys.executable, str(REPO / "main.py"), *flags, *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
-
-
-MODELS = ["--draft_model_size", "draft", "--target_model_size", "target"]
-PAIR = [*MODELS, "--prompt", "the"]  # a second --prompt would make a batch of two: use MODELS for other prompts
+from helpers import MODELS, PAIR, TARGET, assert_short_error, run_main, scaled_params
 
 
 def test_json_run_on_a_tiny_pair(models_dir):
@@ -318,14 +265,6 @@ def test_a_prompt_longer_than_the_context_is_refused_before_loading_the_checkpoi
     result = run_main("--draft_model_size", "draft", "--target_model_size", "corrupt", "--prompt", "the " * 70,
                       "--n_tokens_to_generate", "1", models_dir=models_dir)
     assert_short_error(result, "exceed the models' context of 64")
-
-
-def assert_short_error(result, message):
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
-    assert 1 <= len(result.stderr.strip().splitlines()) <= 2, result.stderr
-    assert message in result.stderr
-    assert result.stdout == ""
 
 
 def test_main_is_callable_from_python_and_returns_what_json_prints(models_dir, capsys):

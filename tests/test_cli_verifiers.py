@@ -11,7 +11,7 @@ import main
 import utils
 from cli import flags, runs
 from speedup.stats import SpeculativeStats
-from test_cli import MODELS, PAIR, assert_short_error, models_dir, run_main  # noqa: F401 (models_dir: a fixture)
+from helpers import PAIR, assert_short_error, run_main
 from verifiers import block_speculative_sampling, multi_draft_speculative_sampling, tree_speculative_sampling
 
 PROMPT = "the cat, the hat, the cat"
@@ -36,7 +36,7 @@ def load_model(name, models_dir):  # -> (its encoder, gpt2.GPT2Model)
 
 
 def run_quietly(models_dir, capsys, **keywords):
-    """main.main on test_cli's tiny pair, its JSON swallowed: -> the result dict."""
+    """main.main on the tiny pair of conftest's models_dir, its JSON swallowed: -> the result dict."""
     keywords = {"prompt": PROMPT, "draft_model_size": "draft", "target_model_size": "target",
                 "models_dir": str(models_dir), "repeats": 1, "json": True, **keywords}
     result = main.main(**keywords)

@@ -8,7 +8,7 @@ import gpt2
 import sampling
 from speedup import costs
 from speedup.stats import SpeculativeStats, expected_tokens_per_loop
-from test_exactness import HPARAMS, perturbed, random_target
+from helpers import HPARAMS, perturbed, random_target
 
 
 def flat_costs(c, v=1.0, max_scored=16):

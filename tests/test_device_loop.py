@@ -2,7 +2,7 @@
 
 - The same tokens and statistics as the host's decoders (NumPy models) for the same seed: greedy, at
   temperature 1 and with top-k and top-p, for several K, up to the end of the context.
-- Exactness: on the table models of test_exactness.py, 20,000 device runs (vmapped over their uniforms)
+- Exactness: on the table models of tests/helpers.py, 20,000 device runs (vmapped over their uniforms)
   pass the chi-square test against the target at temperatures 1 and 0.7 with top-k and top-p, and a
   wrong resampling rule fails it; draw for draw they equal sampling.py's runs fed the same Generator.
 - main.py --backend jax prints the NumPy backend's statistics on the bundled pair.
@@ -18,7 +18,7 @@ import main
 import sampling
 from gpt2_cases import random_params
 from speedup.stats import SpeculativeStats
-from test_exactness import DRAFT_TABLE, N_TOKENS, PROMPT, TARGET_TABLE, TableModel, assert_follows, \
+from helpers import DRAFT_TABLE, N_TOKENS, PROMPT, TARGET_TABLE, TableModel, assert_follows, \
     chi_square_p_value, exact_joint
 
 jax = pytest.importorskip("jax")
@@ -94,7 +94,7 @@ def test_the_models_caches_serve_the_decoded_sequence_afterwards(pair):
 
 @dataclasses.dataclass(frozen=True)
 class TableForward:
-    """A device model whose next-token logits depend on the previous token only (test_exactness.TableModel)."""
+    """A device model whose next-token logits depend on the previous token only (helpers.TableModel)."""
 
     def __call__(self, table, cache, tokens, start):
         return table[tokens], cache

@@ -11,7 +11,7 @@ import gpt2
 import sampling
 import utils
 from conftest import REPO
-from test_pack_corpus import packed, train_tiny_pair  # noqa: F401  (packed: the fixture)
+from helpers import train_tiny_pair
 
 jax = pytest.importorskip("jax")
 from tools import distill_draft, train_pair  # noqa: E402
@@ -92,7 +92,7 @@ def test_every_position_weighs_alike_in_the_loss():
     assert kl(windows, rows) == pytest.approx((24 * only_windows + 16 * only_rows) / 40, rel=1e-5)
 
 
-def test_the_stage_distils_on_continuations_and_reports_their_agreement(packed, tmp_path):  # noqa: F811
+def test_the_stage_distils_on_continuations_and_reports_their_agreement(packed, tmp_path):
     _, pack_dir, _ = packed
     tokens = pack_dir / "tokens.npz"
     train_tiny_pair(pack_dir, tmp_path)

@@ -1,6 +1,6 @@
 """speedup/drafts.py: prompt lookup proposes what followed the latest match of the text's ending, and speculative
-sampling with it stays exact: the autoregressive tokens at temperature 0, the target's distribution (joint
-chi-square over three tokens) at temperature 1 and with top-k and top-p."""
+sampling with it stays exact: the autoregressive tokens at temperature 0, the target's law of three tokens
+(classroom/exact_law.py's exact oracle) at temperature 1 and with top-k and top-p."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,8 @@ import gpt2
 import sampling
 from speedup import drafts
 from speedup.stats import SpeculativeStats
-from test_exactness import HPARAMS, TARGET_TABLE, TableModel, chi_square_p_value, exact_joint, random_target
+from classroom import exact_law
+from helpers import DRAFT_TABLE, HPARAMS, TARGET_TABLE, random_target, table_problem
 
 
 def test_lookup_proposes_what_followed_the_latest_match_of_the_longest_ngram():
@@ -65,25 +66,29 @@ def test_greedy_prompt_lookup_gives_exactly_the_autoregressive_tokens():
     assert drafted > 50  # the lookup did propose
 
 
-# a prompt that repeats itself, so the lookup proposes from the first token on; the table target's next token
-# depends on the previous one only, so exact_joint gives the first three tokens' distribution
+# a prompt that repeats itself, so the lookup proposes from the first token on; the oracle runs the decoder with
+# the lookup in place of the problem's draft
 REPEATING_PROMPT = [0, 1, 3, 2, 0, 1, 3, 2, 0]
-N_TOKENS, N_SAMPLES = 3, 20_000
+
+
+def with_lookup(lookup, stats=None):  # speculative sampling drafting from lookup, with the oracle's signature
+    def decoder(x, draft_model, target_model, N, K, rng, **settings):
+        return sampling.speculative_sampling(x, lookup, target_model, N, K, rng, stats=stats, **settings)
+    return decoder
+
+
+def lookup_check(lookup, settings, stats=None):  # -> the exact law's check on the tables, prompt REPEATING_PROMPT
+    problem = table_problem(DRAFT_TABLE, TARGET_TABLE, settings, prompt=REPEATING_PROMPT)
+    return exact_law.check_exact(with_lookup(lookup, stats), problems=[problem])
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"temperature": 1.7, "top_k": 3, "top_p": 0.8}], ids=["plain", "top-k, top-p"])
 def test_prompt_lookup_sampling_follows_the_target(kwargs):
-    target, lookup = TableModel(TARGET_TABLE), drafts.PromptLookup(n_vocab=4)
-    rng = np.random.default_rng(0)
-    counts = np.zeros(4**N_TOKENS, dtype=np.int64)
     stats = SpeculativeStats()
-    for _ in range(N_SAMPLES):
-        out = sampling.speculative_sampling(REPEATING_PROMPT, lookup, target, N_TOKENS, 2, rng, stats=stats, **kwargs)
-        counts[np.ravel_multi_index(tuple(out[len(REPEATING_PROMPT):]), (4,) * N_TOKENS)] += 1
-    joint = exact_joint(TARGET_TABLE, sampling.SamplingSettings(**kwargs), prompt=REPEATING_PROMPT, n_tokens=N_TOKENS)
-    assert counts[joint == 0].sum() == 0
-    assert chi_square_p_value(counts[joint > 0], joint[joint > 0]) > 1e-3
-    assert stats.accepted > 1000 and stats.rejected > 1000  # both branches of the rule were exercised
+    check = lookup_check(drafts.PromptLookup(n_vocab=4), sampling.SamplingSettings(**kwargs), stats)
+    assert check.passed and check.max_tv <= exact_law.TV_TOLERANCE, check.report  # its exact law is the target's
+    assert not check.results[0].impossible
+    assert stats.accepted > 0 and stats.rejected > 0  # both branches of the rule ran, over every path
 
 
 def test_a_lookup_scored_against_the_wrong_p_is_caught():
@@ -94,12 +99,6 @@ def test_a_lookup_scored_against_the_wrong_p_is_caught():
             tokens, p = super().propose(x, K, settings, rng, stats)
             return tokens, np.full_like(p, 1 / self.n_vocab)  # the wrong p enters q/p
 
-    target, lookup = TableModel(TARGET_TABLE), SoftLookup(n_vocab=4)
-    rng = np.random.default_rng(0)
-    counts = np.zeros(4**N_TOKENS, dtype=np.int64)
-    for _ in range(N_SAMPLES // 4):  # the deviation is large: fewer samples show it
-        out = sampling.speculative_sampling(REPEATING_PROMPT, lookup, target, N_TOKENS, 2, rng)
-        counts[np.ravel_multi_index(tuple(out[len(REPEATING_PROMPT):]), (4,) * N_TOKENS)] += 1
-    joint = exact_joint(TARGET_TABLE, sampling.SamplingSettings(), prompt=REPEATING_PROMPT, n_tokens=N_TOKENS)
-    possible = joint > 0
-    assert counts[~possible].sum() > 0 or chi_square_p_value(counts[possible], joint[possible]) < 1e-6
+    check = lookup_check(SoftLookup(n_vocab=4), sampling.SamplingSettings())
+    assert not check.passed, check.report
+    assert check.max_tv > 0.05 or check.results[0].impossible, check.report

@@ -4,21 +4,23 @@ Two kinds of evidence:
 - At temperature 0 the decoders are deterministic: speculative sampling and greedy assisted
   generation must give exactly the autoregressive tokens, on random-weight GPT-2 pairs.
 - At temperature > 0, on toy models whose next-token distributions are tables (with zeros in both p
-  and q), the empirical joint distribution of the first three generated tokens must pass a
-  chi-square test against the exact target distribution, at a fixed seed. The same test must reject
-  a deliberately wrong resampling rule, so it has teeth.
+  and q), the exact law of the first three generated tokens (classroom/exact_law.py, every choice of
+  the random numbers run) must be the target's, through both model contracts. The same oracle must
+  fail a deliberately wrong resampling rule, so it has teeth; and once, a chi-square test of 2,000
+  runs agrees with the oracle on both.
 """
 
-import copy
 import math
-from itertools import product
 
 import numpy as np
 import pytest
 
 import gpt2
 import sampling
-from classroom.lossless import chi2_sf, chi_square_test
+from classroom.lossless import chi2_sf
+from classroom import exact_law
+from helpers import DRAFT_TABLE, HPARAMS, N_TOKENS, PROMPT, TARGET_TABLE, TableModel, autoregressive, \
+    chi_square_p_value, exact_joint, perturbed, random_target, table_problem
 from speedup.stats import SpeculativeStats
 
 # ---- the chi-square test lives in lossless.py (no scipy at run time); its survival function is checked here
@@ -48,60 +50,54 @@ def test_chi2_sf_matches_table_critical_values():
     assert chi2_sf(29.588, 10) == pytest.approx(0.001, rel=1e-3)
 
 
-def chi_square_p_value(counts, expected_probs):
-    """Pearson's test of counts against probabilities (lossless.py's, which pools cells expected below 5)."""
-    return chi_square_test(counts, expected_probs)[2]
+# ---- the exact law on the table models of tests/helpers.py --------------------------------------------------
 
 
-# ---- toy models --------------------------------------------------------------------------------
-
-NEVER = -np.inf  # a logit of probability zero
-
-# next-token logits given the previous token (rows) over a vocabulary of 4 tokens; both tables have
-# zeros, some where the other has mass: q-only tokens come only from resampling or the bonus token
-TARGET_TABLE = [[1.0, 0.5, NEVER, -0.5],
-                [NEVER, 0.2, 1.5, 0.0],
-                [0.3, NEVER, 0.3, 1.0],
-                [2.0, 0.0, -1.0, NEVER]]
-DRAFT_TABLE = [[0.0, 1.5, 0.5, NEVER],
-               [0.5, NEVER, 1.0, 0.8],
-               [1.0, 0.2, NEVER, 0.0],
-               [NEVER, 1.0, 0.5, 0.2]]
-PROMPT = [2, 0]
-N_TOKENS = 3
-N_SAMPLES = 20_000
+def exact_check(decoder, settings, **problem):  # -> exact_law.ExactCheck on one problem of the tables
+    return exact_law.check_exact(decoder, problems=[table_problem(DRAFT_TABLE, TARGET_TABLE, settings, **problem)])
 
 
-class TableModel:
-    """A project-contract model: logits of the next token depend on the previous token."""
-
-    def __init__(self, table):
-        self.table = np.asarray(table, dtype=np.float32)
-        self.n_vocab, self.n_ctx = self.table.shape[1], 64
-
-    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
-        return self.table[np.asarray(x)[-n_last:]]
+def assert_exact(check):
+    assert check.passed and check.max_tv <= exact_law.TV_TOLERANCE, check.report
+    assert not any(result.impossible for result in check.results), check.report
 
 
-class TableCallable:
-    """jaymody/speculative-sampling's model contract: probabilities for every position of x."""
-
-    def __init__(self, table):
-        self.probs = sampling.softmax(np.asarray(table, dtype=np.float32))
-
-    def __call__(self, x):  # [n_seq] -> [n_seq, n_vocab]
-        return self.probs[np.asarray(x)]
+SETTINGS_VARIANTS = {
+    "plain": {},
+    "temperature": {"temperature": 0.6},
+    "temperature, top-k and top-p": {"temperature": 1.7, "top_k": 3, "top_p": 0.8},
+}
 
 
-def exact_joint(table, settings, prompt=PROMPT, n_tokens=N_TOKENS):
-    """P(first n_tokens generated tokens) under the processed target, flattened in product order."""
-    q = sampling.logits_to_probs(np.asarray(table, dtype=np.float32), settings).astype(np.float64)
-    n_vocab = q.shape[1]
-    joint = []
-    for tokens in product(range(n_vocab), repeat=n_tokens):
-        previous = [prompt[-1], *tokens[:-1]]
-        joint.append(math.prod(q[prev, token] for prev, token in zip(previous, tokens)))
-    return np.array(joint)
+@pytest.mark.parametrize("name", SETTINGS_VARIANTS)
+def test_speculative_sampling_follows_the_target(name):
+    settings = sampling.SamplingSettings(**SETTINGS_VARIANTS[name])
+    assert_exact(exact_check(sampling.speculative_sampling, settings))  # its exact law is the target's
+
+
+def test_seed_contract_callables_with_one_draft_per_loop_follow_the_target():
+    assert_exact(exact_check(sampling.speculative_sampling, sampling.SamplingSettings(), K=1, cached=False))
+
+
+def test_autoregressive_sampling_follows_the_model():
+    assert_exact(exact_check(autoregressive, sampling.SamplingSettings(top_p=0.9)))
+
+
+def resample_from_q(monkeypatch):
+    """The wrong rule: after a rejection, sample from q itself rather than from max_fn(q - p)."""
+    monkeypatch.setattr(sampling, "max_fn", lambda x, fallback: fallback)
+
+
+def test_resampling_from_q_instead_of_max_fn_is_caught(monkeypatch):
+    resample_from_q(monkeypatch)
+    check = exact_check(sampling.speculative_sampling, sampling.SamplingSettings())
+    assert not any(result.impossible for result in check.results)  # the wrong rule samples only possible tokens...
+    assert not check.passed and check.max_tv > 0.2, check.report  # ...at the wrong frequencies (total variation 0.231)
+
+
+# ---- the chi-square and the oracle agree ---------------------------------------------------------------------
+
+N_SAMPLES = 2_000  # the wrong rule moves the law by 0.23 in total variation: 2,000 runs show it (p < 1e-20)
 
 
 def empirical_counts(decode, n_vocab, n_samples=N_SAMPLES, seed=0):
@@ -115,84 +111,28 @@ def empirical_counts(decode, n_vocab, n_samples=N_SAMPLES, seed=0):
     return counts
 
 
-def assert_follows(counts, joint):
-    impossible = joint == 0
-    assert impossible.any() and counts[impossible].sum() == 0, "a sequence of probability zero was generated"
-    p_value = chi_square_p_value(counts[~impossible], joint[~impossible])
-    assert p_value > 1e-3, f"chi-square p-value {p_value:.2e}: the samples do not follow the target"
-
-
-SETTINGS_VARIANTS = {
-    "plain": {},
-    "temperature": {"temperature": 0.6},
-    "temperature, top-k and top-p": {"temperature": 1.7, "top_k": 3, "top_p": 0.8},
-}
-
-
-@pytest.mark.parametrize("name", SETTINGS_VARIANTS)
-def test_speculative_sampling_follows_the_target(name):
-    kwargs = SETTINGS_VARIANTS[name]
-    draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
-    counts = empirical_counts(lambda rng: sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, rng,
-                                                                        **kwargs), 4)
-    assert_follows(counts, exact_joint(TARGET_TABLE, sampling.SamplingSettings(**kwargs)))
-
-
-def test_seed_contract_callables_with_one_draft_per_loop_follow_the_target():
-    draft, target = TableCallable(DRAFT_TABLE), TableCallable(TARGET_TABLE)
-    counts = empirical_counts(lambda rng: sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 1, rng), 4)
-    assert_follows(counts, exact_joint(TARGET_TABLE, sampling.SamplingSettings()))
-
-
-def test_autoregressive_sampling_follows_the_model():
-    target = TableModel(TARGET_TABLE)
-    counts = empirical_counts(lambda rng: sampling.autoregressive_sampling(PROMPT, target, N_TOKENS, rng, top_p=0.9), 4)
-    assert_follows(counts, exact_joint(TARGET_TABLE, sampling.SamplingSettings(top_p=0.9)))
-
-
-def test_resampling_from_q_instead_of_max_fn_is_caught(monkeypatch):
-    # the wrong rule: after a rejection, sample from q itself rather than from max_fn(q - p)
-    monkeypatch.setattr(sampling, "max_fn", lambda x, fallback: fallback)
+def chi_square_verdict():  # -> (samples pass the chi-square test, the oracle passes) for today's sampling.py
     draft, target = TableModel(DRAFT_TABLE), TableModel(TARGET_TABLE)
     counts = empirical_counts(lambda rng: sampling.speculative_sampling(PROMPT, draft, target, N_TOKENS, 2, rng), 4)
     joint = exact_joint(TARGET_TABLE, sampling.SamplingSettings())
-    assert counts[joint == 0].sum() == 0  # the wrong rule still only samples possible tokens...
-    assert chi_square_p_value(counts[joint > 0], joint[joint > 0]) < 1e-9  # ...at the wrong frequencies
+    p_value = chi_square_p_value(counts[joint > 0], joint[joint > 0])
+    return counts[joint == 0].sum() == 0 and p_value > 1e-3, p_value
+
+
+def test_the_chi_square_and_the_oracle_agree_on_the_reference_and_on_a_loud_bug(monkeypatch):
+    """One statistical cross-check of the oracle: both pass speculative_sampling, both fail the wrong rule."""
+    passes, p_value = chi_square_verdict()
+    assert passes and exact_check(sampling.speculative_sampling, sampling.SamplingSettings()).passed, p_value
+    resample_from_q(monkeypatch)
+    passes, p_value = chi_square_verdict()
+    assert not passes and p_value < 1e-9
+    assert not exact_check(sampling.speculative_sampling, sampling.SamplingSettings()).passed
 
 
 # ---- temperature 0: exactly the autoregressive tokens ------------------------------------------
 
-HPARAMS = {"n_vocab": 96, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
 PROMPTS = [[1, 2, 3], [50], [7, 7, 7, 7, 80, 1]]
 N_GREEDY = 30
-
-
-def scaled_params(hparams, seed, scale=10.0):
-    """A random GPT-2 whose blocks matter (weights scale x GPT-2's init), so greedy text varies, without ties."""
-    params = gpt2.init_params(hparams, np.random.default_rng(seed))
-    for block in params["blocks"]:
-        for layer in [*block["attn"].values(), *block["mlp"].values()]:
-            layer["w"] *= scale
-    return params
-
-
-def random_target():
-    return scaled_params(HPARAMS, seed=0)
-
-
-def perturbed(params, noise, seed):
-    """A draft that mostly agrees with the target: its weights plus noise of `noise` times their spread."""
-    rng = np.random.default_rng(seed)
-    perturb = lambda w: (w + noise * w.std() * rng.standard_normal(w.shape)).astype(np.float32)
-    return _map_arrays(perturb, copy.deepcopy(params))
-
-
-def _map_arrays(f, tree):
-    if isinstance(tree, dict):
-        return {key: _map_arrays(f, value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_map_arrays(f, value) for value in tree]
-    return f(tree)
 
 
 @pytest.fixture(scope="module")

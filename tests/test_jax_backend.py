@@ -1,6 +1,6 @@
 """jax_backend/gpt2_jax.py and backends.py: the JAX backend against the NumPy one, on JAX's CPU.
 
-The reference is gpt2.py run by NumPy (itself checked against transformers in test_gpt2.py). The tiny
+The reference is gpt2.py run by NumPy (itself checked against transformers in test_gpt2_transformers.py). The tiny
 random models have gains and biases moved away from 1 and 0 and weights ten times GPT-2's scale, so that
 every parameter counts and the logits spread out (greedy choices are not near ties).
 """

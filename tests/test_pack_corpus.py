@@ -9,33 +9,9 @@ import pytest
 
 import utils
 from conftest import REPO
-from encoder import EOT, get_encoder_from_dir
+from encoder import get_encoder_from_dir
+from helpers import VOCABULARY
 from tools import pack_corpus
-
-VOCABULARY = REPO / "models" / "teach-target"  # the bundled pair's 4096-token vocabulary
-HELD_OUT = REPO / "tests" / "fixtures" / "heldout_sample.txt"
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """A corpus of two splits packed with the bundled vocabulary: (corpus_dir, pack_dir, record)."""
-    root = tmp_path_factory.mktemp("pack")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    sample = HELD_OUT.read_text(encoding="utf-8")
-    (corpus / "train.txt").write_text(sample + EOT + "def f(x):\n    return x * 2\n", encoding="utf-8")
-    (corpus / "heldout.txt").write_text(sample[:3000] + EOT + "caf\u00e9 \u2713\n", encoding="utf-8")
-    record = pack_corpus.pack_corpus(corpus, VOCABULARY, root / "pack")
-    return corpus, root / "pack", record
-
-
-def train_tiny_pair(pack_dir, out_dir):
-    """One step of tools/train_pair.py on the packed tokens: a 2 x 32 target and a 1 x 16 draft in out_dir."""
-    from tools import train_pair
-
-    train_pair.main(corpus_dir=out_dir / "no-corpus", bpe_dir=pack_dir, out_dir=out_dir, steps=1, batch_size=2,
-                    seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2),
-                    tokens=pack_dir / "tokens.npz", state_dir=out_dir / "state")
 
 
 def test_packed_tokens_are_the_trainers_encoding(packed):

@@ -8,9 +8,10 @@ import pytest
 
 import gpt2
 import sampling
+from classroom import exact_law
 from speedup.stats import SpeculativeStats, expected_speedup, expected_tokens_per_loop
 from kvcache import contract
-from test_exactness import HPARAMS, TableCallable, TableModel, DRAFT_TABLE, TARGET_TABLE, perturbed, random_target
+from helpers import HPARAMS, TableCallable, TableModel, DRAFT_TABLE, TARGET_TABLE, perturbed, random_target
 
 # ---- logits -> probabilities -------------------------------------------------------------------
 
@@ -117,11 +118,12 @@ def test_sample_never_draws_a_token_of_probability_zero():
 
 
 def test_sample_frequencies_follow_probs():
+    """The exact law of one draw (classroom/exact_law.py runs every interval of the uniform): probs, normalised."""
     probs = np.array([0.1, 0.0, 0.6, 0.3], np.float32)
-    rng = np.random.default_rng(0)
-    counts = np.bincount([sampling.sample(probs, rng) for _ in range(20_000)], minlength=4)
-    assert counts[1] == 0
-    np.testing.assert_allclose(counts / 20_000, probs, atol=0.015)
+    drawn = exact_law.enumerate_paths(lambda rng: int(sampling.sample(probs, rng)))
+    assert 1 not in drawn.support  # never the token of probability zero
+    assert drawn.law == {token: weight for token, weight in enumerate(exact_law.exact_distribution(probs)) if weight}
+    np.testing.assert_allclose([float(drawn.law.get(token, 0)) for token in range(4)], probs, rtol=1e-7)
 
 
 def test_sample_inverts_the_cdf_summed_in_float64_token_after_token():

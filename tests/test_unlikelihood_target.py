@@ -8,7 +8,7 @@ import pytest
 
 import utils
 from conftest import REPO
-from test_pack_corpus import packed, train_tiny_pair  # noqa: F401  (packed: the fixture)
+from helpers import train_tiny_pair
 
 jax = pytest.importorskip("jax")
 from tools import train_pair, unlikelihood_target  # noqa: E402
@@ -41,7 +41,7 @@ def test_unlikelihood_is_minus_log_one_minus_p_on_marked_tokens_only():
     assert np.isfinite(np.asarray(grad)).all() and float(grad[0, 0, 1]) > 0.9  # pushes the looping token down
 
 
-def test_the_stage_trains_the_target_and_leaves_the_draft(packed, tmp_path):  # noqa: F811
+def test_the_stage_trains_the_target_and_leaves_the_draft(packed, tmp_path):
     _, pack_dir, _ = packed
     tokens = pack_dir / "tokens.npz"
     train_tiny_pair(pack_dir, tmp_path)

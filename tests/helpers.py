@@ -1,0 +1,216 @@
+"""What several test files share: the table models and their exact laws, random GPT-2 pairs, the tiny model
+folders main.py runs on, and the packed corpus the trainers read. No test file imports another test file; the
+fixtures built from these (models_dir, packed) live in conftest.py."""
+
+import copy
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from itertools import product
+
+import numpy as np
+
+import gpt2
+import sampling
+import utils
+from classroom import lossless
+from classroom.lossless import chi_square_test
+from conftest import REPO
+from encoder import EOT, bytes_to_unicode
+
+# ---- table models: the next token depends on the previous one ------------------------------------------------
+
+NEVER = -np.inf  # a logit of probability zero
+
+# next-token logits given the previous token (rows) over a vocabulary of 4 tokens; both tables have
+# zeros, some where the other has mass: q-only tokens come only from resampling or the bonus token
+TARGET_TABLE = [[1.0, 0.5, NEVER, -0.5],
+                [NEVER, 0.2, 1.5, 0.0],
+                [0.3, NEVER, 0.3, 1.0],
+                [2.0, 0.0, -1.0, NEVER]]
+DRAFT_TABLE = [[0.0, 1.5, 0.5, NEVER],
+               [0.5, NEVER, 1.0, 0.8],
+               [1.0, 0.2, NEVER, 0.0],
+               [NEVER, 1.0, 0.5, 0.2]]
+PROMPT = [2, 0]
+N_TOKENS = 3
+
+
+class TableModel:
+    """A project-contract model: logits of the next token depend on the previous token."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=np.float32)
+        self.n_vocab, self.n_ctx = self.table.shape[1], 64
+
+    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
+        return self.table[np.asarray(x)[-n_last:]]
+
+
+class TableCallable:
+    """jaymody/speculative-sampling's model contract: probabilities for every position of x."""
+
+    def __init__(self, table):
+        self.probs = sampling.softmax(np.asarray(table, dtype=np.float32))
+
+    def __call__(self, x):  # [n_seq] -> [n_seq, n_vocab]
+        return self.probs[np.asarray(x)]
+
+
+def exact_joint(table, settings, prompt=PROMPT, n_tokens=N_TOKENS):
+    """P(first n_tokens generated tokens) under the processed target, flattened in product order."""
+    q = sampling.logits_to_probs(np.asarray(table, dtype=np.float32), settings).astype(np.float64)
+    n_vocab = q.shape[1]
+    joint = []
+    for tokens in product(range(n_vocab), repeat=n_tokens):
+        previous = [prompt[-1], *tokens[:-1]]
+        joint.append(math.prod(q[prev, token] for prev, token in zip(previous, tokens)))
+    return np.array(joint)
+
+
+def table_problem(draft_table, target_table, settings, *, prompt=PROMPT, N=N_TOKENS, K=2, cached=True):
+    """The tables as a lossless.Problem for classroom/exact_law's oracle: a context table that ignores the token
+    two back, models of the project's contract with a cache (cached) or plain callables, the first N tokens' law."""
+    def context(table):  # [n_vocab, n_vocab] -> [n_vocab (two back), n_vocab (previous), n_vocab]
+        table = np.asarray(table, dtype=np.float32)
+        return lossless.ContextTable(np.broadcast_to(table, (len(table), *table.shape)))
+
+    return lossless.Problem(f"tables, prompt {list(prompt)}, K={K}, {settings}", context(draft_table),
+                            context(target_table), tuple(prompt), N, K, settings, cached, n_samples=1, n_joint=N)
+
+
+def autoregressive(x, draft_model, target_model, N, K, rng, **settings):  # the oracle's signature; ignores the draft
+    return sampling.autoregressive_sampling(x, target_model, N, rng, **settings)
+
+
+def chi_square_p_value(counts, expected_probs):
+    """Pearson's test of counts against probabilities (lossless.py's, which pools cells expected below 5)."""
+    return chi_square_test(counts, expected_probs)[2]
+
+
+def assert_follows(counts, joint):
+    impossible = joint == 0
+    assert impossible.any() and counts[impossible].sum() == 0, "a sequence of probability zero was generated"
+    p_value = chi_square_p_value(counts[~impossible], joint[~impossible])
+    assert p_value > 1e-3, f"chi-square p-value {p_value:.2e}: the samples do not follow the target"
+
+
+# ---- random GPT-2 pairs ---------------------------------------------------------------------------------------
+
+HPARAMS = {"n_vocab": 96, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
+
+
+def scaled_params(hparams, seed, scale=10.0):
+    """A random GPT-2 whose blocks matter (weights scale x GPT-2's init), so greedy text varies, without ties."""
+    params = gpt2.init_params(hparams, np.random.default_rng(seed))
+    for block in params["blocks"]:
+        for layer in [*block["attn"].values(), *block["mlp"].values()]:
+            layer["w"] *= scale
+    return params
+
+
+def random_target():
+    return scaled_params(HPARAMS, seed=0)
+
+
+def perturbed(params, noise, seed):
+    """A draft that mostly agrees with the target: its weights plus noise of `noise` times their spread."""
+    rng = np.random.default_rng(seed)
+    perturb = lambda w: (w + noise * w.std() * rng.standard_normal(w.shape)).astype(np.float32)
+    return _map_arrays(perturb, copy.deepcopy(params))
+
+
+def _map_arrays(f, tree):
+    if isinstance(tree, dict):
+        return {key: _map_arrays(f, value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_map_arrays(f, value) for value in tree]
+    return f(tree)
+
+
+# ---- main.py on tiny model folders ------------------------------------------------------------------------------
+
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
+OTHER_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "n")]  # same size, another vocabulary
+N_VOCAB = 256 + len(MERGES) + 1  # byte tokens, merges, <|endoftext|>
+TARGET = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}
+SMALL = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 1}
+MODELS = ["--draft_model_size", "draft", "--target_model_size", "target"]
+PAIR = [*MODELS, "--prompt", "the"]  # a second --prompt would make a batch of two: use MODELS for other prompts
+
+
+def write_vocabulary(model_dir, merges):
+    tokens = list(bytes_to_unicode().values()) + [first + second for first, second in merges] + [EOT]
+    (model_dir / "encoder.json").write_text(json.dumps({token: i for i, token in enumerate(tokens)}))
+    (model_dir / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+
+
+def write_model(model_dir, hparams, params, merges=MERGES):
+    """An OpenAI-style model folder: hparams.json, checkpoint, model.ckpt.*, encoder.json, vocab.bpe."""
+    utils.save_gpt2_checkpoint(params, hparams, str(model_dir))
+    write_vocabulary(model_dir, merges)
+
+
+def write_models_dir(root):  # -> root, holding target, draft, other-vocabulary, corrupt and no-checkpoint
+    """conftest's models_dir fixture: a tiny pair, a model of another vocabulary, and two broken folders."""
+    target = scaled_params(TARGET, seed=0)
+    write_model(root / "target", TARGET, target)
+    write_model(root / "draft", TARGET, perturbed(target, 0.05, seed=1))  # a draft that often agrees
+    write_model(root / "other-vocabulary", SMALL, scaled_params(SMALL, seed=2), merges=OTHER_MERGES)
+    shutil.copytree(root / "target", root / "corrupt")
+    data = root / "corrupt" / "model.ckpt.data-00000-of-00001"
+    corrupted = bytearray(data.read_bytes())
+    corrupted[len(corrupted) // 2] ^= 0xFF
+    data.write_bytes(bytes(corrupted))
+    (root / "no-checkpoint").mkdir()
+    for name in ["hparams.json", "encoder.json", "vocab.bpe"]:
+        shutil.copy(root / "target" / name, root / "no-checkpoint" / name)
+    return root
+
+
+def run_main(*args, models_dir=None, cwd=REPO, env=None):
+    """main.py in a subprocess without network access (downloads go to a proxy that refuses them)."""
+    offline = {name: "http://127.0.0.1:9" for name in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"]}
+    env = {**os.environ, **offline, "NO_PROXY": "", "no_proxy": "", **(env or {})}
+    flags = ["--models_dir", str(models_dir)] if models_dir else []
+    return subprocess.run([sys.executable, str(REPO / "main.py"), *flags, *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+def assert_short_error(result, message):
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
+    assert 1 <= len(result.stderr.strip().splitlines()) <= 2, result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+# ---- a packed corpus and a tiny trained pair ----------------------------------------------------------------
+
+VOCABULARY = REPO / "models" / "teach-target"  # the bundled pair's 4096-token vocabulary
+HELD_OUT = REPO / "tests" / "fixtures" / "heldout_sample.txt"
+
+
+def pack_sample_corpus(root):  # -> (corpus_dir, pack_dir, record)
+    """conftest's packed fixture: a corpus of two splits packed with the bundled vocabulary."""
+    from tools import pack_corpus
+
+    corpus = root / "corpus"
+    corpus.mkdir()
+    sample = HELD_OUT.read_text(encoding="utf-8")
+    (corpus / "train.txt").write_text(sample + EOT + "def f(x):\n    return x * 2\n", encoding="utf-8")
+    (corpus / "heldout.txt").write_text(sample[:3000] + EOT + "caf\u00e9 \u2713\n", encoding="utf-8")
+    record = pack_corpus.pack_corpus(corpus, VOCABULARY, root / "pack")
+    return corpus, root / "pack", record
+
+
+def train_tiny_pair(pack_dir, out_dir):
+    """One step of tools/train_pair.py on the packed tokens: a 2 x 32 target and a 1 x 16 draft in out_dir."""
+    from tools import train_pair
+
+    train_pair.main(corpus_dir=out_dir / "no-corpus", bpe_dir=pack_dir, out_dir=out_dir, steps=1, batch_size=2,
+                    seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2),
+                    tokens=pack_dir / "tokens.npz", state_dir=out_dir / "state")
