@@ -281,6 +281,7 @@ def jax_pair(pair):
     return [gpt2_jax.JaxGPT2Model(params, HPARAMS) for params in pair]
 
 
+@pytest.mark.slow  # JAX compiles its programs: the slow tier
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("settings", SETTINGS.values(), ids=SETTINGS.keys())
 def test_the_device_loops_give_the_numpy_batchs_rows(pair, jax_pair, B, settings):

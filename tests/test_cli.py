@@ -98,6 +98,7 @@ def test_the_report_explains_the_run(models_dir):
     assert "of the continuation's 4-grams are copied from the prompt" in lookup.stdout
 
 
+@pytest.mark.slow  # JAX compiles its programs: the slow tier
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_jax_backend_gives_the_numpy_backends_greedy_tokens(models_dir, dtype):
     args = [*PAIR, "--n_tokens_to_generate", "12", "--K", "3", "--temperature", "0", "--json"]
@@ -437,6 +438,7 @@ def test_batch_size_decodes_copies_of_the_prompt_with_distinct_seeds(models_dir,
     assert sum(line.startswith("row ") and "the same tokens as autoregressive" in line for line in lines) == 2
 
 
+@pytest.mark.slow  # JAX compiles its programs: the slow tier
 def test_a_batch_on_the_jax_backend_gives_the_numpy_backends_rows(models_dir, capsys):
     """main's wiring of the batched device loops (tests/test_batched.py holds them to the NumPy batch)."""
     pytest.importorskip("jax")

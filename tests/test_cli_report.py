@@ -9,7 +9,7 @@ import pytest
 
 import main
 from cli import report
-from test_cli import MODELS, models_dir, run_main  # noqa: F401 (models_dir: a fixture)
+from helpers import MODELS, run_main
 
 # what --json carried before the report was reshaped (cli/report.py): its vocabulary must not change
 RESULT_KEYS = {"prompt", "draft", "target", "K", "temperature", "top_k", "top_p", "seed", "n_tokens", "repeats",

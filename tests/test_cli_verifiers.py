@@ -179,6 +179,7 @@ def test_the_verifier_flags_on_the_command_line(models_dir):
     assert output["autoregressive"]["tokens_per_target_call"] == 1.0
 
 
+@pytest.mark.slow  # JAX compiles its programs: the slow tier
 def test_a_verifier_on_the_jax_backend_runs_the_host_loop_on_jax_models(models_dir, capsys, monkeypatch):
     pytest.importorskip("jax")
     from jax_backend import gpt2_jax

@@ -15,7 +15,7 @@ from batching import gpt2_batched
 from classroom import bug_zoo, lossless
 from conftest import REPO
 from gpt2_cases import random_params
-from test_exactness import HPARAMS, perturbed, random_target
+from helpers import HPARAMS, perturbed, random_target
 from kvcache import contract
 
 TINY = {"n_vocab": 40, "n_ctx": 32, "n_embd": 16, "n_head": 2, "n_layer": 2}
@@ -45,6 +45,7 @@ def test_every_cached_model_calls_the_one_rollback_decision(monkeypatch):
         assert len(calls) == before + 1 and calls[-1][1].tolist() == [1, 2, 3] and calls[-1][2] == 2, name
 
 
+@pytest.mark.slow  # JAX compiles its programs: the slow tier
 def test_the_zoos_cache_bugs_break_the_jax_model_too():
     """bug_zoo patches contract.cache_resume: the JAX model, which re-derived the decision before, now runs it."""
     gpt2_jax = pytest.importorskip("jax_backend.gpt2_jax")

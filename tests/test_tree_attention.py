@@ -265,6 +265,7 @@ def test_tree_bench_smoke_run_on_a_tiny_model():
 # ---------------------------------------------------------------------------------------------- JAX
 
 
+@pytest.mark.slow  # JAX compiles its programs: the slow tier
 def test_the_jax_model_scores_a_tree_in_one_call_as_gpt2model_does(tiny):
     """JaxGPT2Model.tree_logits and keep_tree_path: one padded device call each, the same contract, and a
     compilation per bucket, not per tree (the random trees need at most the buckets 1..32)."""
