@@ -98,12 +98,13 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="scored too, for comparison ('' to skip)")
     parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
-    parser.add_argument("--doc_chars", type=int, default=2000, help="characters scored per document")
-    parser.add_argument("--numpy_files", type=int, default=40, help="NumPy modules scored as unseen Python (0: none)")
-    parser.add_argument("--n_prompts", type=int, default=8)
-    parser.add_argument("--prompt_tokens", type=int, default=32)
-    parser.add_argument("--n_tokens", type=int, default=96, help="greedy tokens per prompt")
-    parser.add_argument("--samples", type=int, default=3, help="continuations printed as text in the result")
+    for flag, default, meaning in (("--doc_chars", 2000, "characters scored per document"),
+                                   ("--numpy_files", 40, "NumPy modules scored as unseen Python (0: none)"),
+                                   ("--n_prompts", 8, "held-out prompts continued greedily"),
+                                   ("--prompt_tokens", 32, "tokens in each prompt"),
+                                   ("--n_tokens", 96, "greedy tokens per prompt"),
+                                   ("--samples", 3, "continuations printed as text in the result")):
+        parser.add_argument(flag, type=int, default=default, help=meaning)
     return parser.parse_args(argv)
 
 
