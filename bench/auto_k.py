@@ -64,7 +64,7 @@ class NoDraft:
     """Stands for the draft in a replay: AutoK only needs to be told how many tokens to propose."""
 
     def propose(self, x, K, settings, rng, stats):
-        return np.zeros(K, np.int64), np.zeros((K, 1), np.float32)
+        return np.zeros(K, np.int64), np.ones((K, 1), np.float32)  # token 0, drawn from a one-hot p
 
 
 def replay(accepted, choose, loop_steps, catch_up_steps):

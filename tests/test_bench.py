@@ -183,11 +183,9 @@ def test_pair_bench_refuses_a_prompt_offset_outside_its_share_of_the_text(offset
     assert "Traceback" not in completed.stderr
 
 
-# bench/verifiers.py run as a script would find itself under the name verifiers: run it as a module
-@pytest.mark.parametrize("bench", [[str(REPO / "bench" / "pair.py")], [str(REPO / "bench" / "text_quality.py")],
-                                   ["-m", "bench.verifiers"]], ids=["pair", "text_quality", "verifiers"])
+@pytest.mark.parametrize("bench", ["pair", "text_quality", "verifier_gains"])
 def test_a_bench_on_held_out_text_says_how_to_build_it_when_it_is_missing(bench, tmp_path):
-    command = [sys.executable, *bench, "--heldout", str(tmp_path / "heldout.txt")]
+    command = [sys.executable, str(REPO / "bench" / f"{bench}.py"), "--heldout", str(tmp_path / "heldout.txt")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert completed.returncode == 2 and completed.stdout == ""
     assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
@@ -260,10 +258,6 @@ def test_machine_names_the_cpu_family(tmp_path):
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
     assert machine.cpu_model(cpuinfo) == "Some ARM core"
     assert machine.cpu_model(tmp_path / "missing")  # no /proc/cpuinfo: the platform's name, never an error
-    cpuinfo.write_text("processor\t: 0\ncpu family\t: 23\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n")
-    line = machine.machine_line(cpuinfo)  # what the notebooks print before they time anything
-    assert line.startswith("machine: AMD EPYC (family 23, model 1), ") and " cores; NumPy " in line
-    assert line.endswith(" kernels") and machine.blas_info()["name"] in line
 
 
 def test_machine_line_names_the_vector_instructions_the_kernels_and_the_cores(tmp_path):
