@@ -34,18 +34,26 @@ from kvcache.contract import cache_resume
 EARLY_EXIT = "early-exit"  # the draft's name where a model's would go (main.py --draft_model_size)
 
 
+def default_exit_layer(n_layer):
+    """A quarter of the layers: untrained, the exit accepts more the later it reads, but costs L / n_layer of a
+    decode step more (drafters/__init__.py has the measurements)."""
+    return max(1, n_layer // 4)
+
+
 class EarlyExit:
-    """The first exit_layer blocks of a cached gpt2.GPT2Model, read out through its ln_f and unembedding.
+    """The first exit_layer blocks (None: default_exit_layer) of a cached gpt2.GPT2Model, read out through its ln_f and
+    unembedding.
 
     `propose` is sampling.draw_drafts' contract; `logits(x, n_last)` the model contract, so that
     speedup/costs.measure_costs times a draft step and the tree verifier can rank candidates with it.
     """
 
-    def __init__(self, target, exit_layer):
+    def __init__(self, target, exit_layer=None):
         if not isinstance(target, gpt2.GPT2Model) or not target.use_cache:
             raise ValueError("an early exit shares a NumPy gpt2.GPT2Model's KV cache: the target must be one, with "
                              "use_cache=True")
         n_layer = target.hparams["n_layer"]
+        exit_layer = default_exit_layer(n_layer) if exit_layer is None else exit_layer
         if not (sampling.is_integer(exit_layer) and 1 <= exit_layer <= n_layer - 1):
             raise ValueError(f"--exit_layer must be an integer in [1, {n_layer - 1}] (the target has {n_layer} "
                              f"layers), got {exit_layer!r}")

@@ -54,7 +54,8 @@ def test_hidden_states_on_jax_equal_numpy():
     expected, _ = gpt2.hidden_states(tokens, **params, n_head=N_HEAD, cache=None, start=0, taps=(2,))
     as_jax = lambda tree: {key: as_jax(value) if isinstance(value, dict) else jnp.asarray(value)
                            for key, value in tree.items()}
-    on_jax = {**as_jax({key: params[key] for key in ("wte", "wpe", "ln_f")}), "blocks": list(map(as_jax, params["blocks"]))}
+    on_jax = {**as_jax({key: params[key] for key in ("wte", "wpe", "ln_f")}),
+              "blocks": list(map(as_jax, params["blocks"]))}
     states, _ = gpt2.hidden_states(jnp.asarray(tokens), **on_jax, n_head=N_HEAD, cache=None, start=0, taps=(2,))
     for state, reference in zip(states, expected):
         assert state.dtype == jnp.float32
