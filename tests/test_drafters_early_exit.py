@@ -48,6 +48,7 @@ def test_hidden_states_are_the_residual_stream_and_the_final_state_of_a_manual_f
     assert len(untapped) == 1 and np.array_equal(untapped[0], final)
 
 
+@pytest.mark.slow  # importing JAX takes seconds
 def test_hidden_states_on_jax_equal_numpy():
     jnp = pytest.importorskip("jax.numpy")
     params, tokens = random_params(THREE_LAYERS, 1), np.array([2, 7, 1, 8, 2, 8])
@@ -82,10 +83,10 @@ def test_the_exit_reads_the_tapped_residual_stream_through_ln_f_and_the_unembedd
 def test_greedy_tokens_equal_autoregressive_decoding(bundled, exit_layer):
     tokens, target = bundled
     target.reset()
-    expected = sampling.autoregressive_sampling(tokens, target, 24, 0, temperature=0)
+    expected = sampling.autoregressive_sampling(tokens, target, 16, 0, temperature=0)
     target.reset()
     stats = SpeculativeStats()
-    got = sampling.speculative_sampling(tokens, EarlyExit(target, exit_layer), target, 24, 4, 0, temperature=0,
+    got = sampling.speculative_sampling(tokens, EarlyExit(target, exit_layer), target, 16, 4, 0, temperature=0,
                                         stats=stats)
     np.testing.assert_array_equal(got, expected)
     assert stats.drafted > 0 and stats.draft_calls == stats.drafted  # it did draft, one step per draft
@@ -105,7 +106,7 @@ def test_sharing_the_cache_changes_neither_the_tokens_nor_the_targets_cache(bund
     for name, model, exit_of in (("shared", target, target), ("separate", separate, own_copy)):
         for m in (model, exit_of):
             m.reset()
-        runs[name] = sampling.speculative_sampling(tokens, EarlyExit(exit_of, 3), model, 20, 4, 7, temperature=1.0)
+        runs[name] = sampling.speculative_sampling(tokens, EarlyExit(exit_of, 3), model, 16, 4, 7, temperature=1.0)
     np.testing.assert_array_equal(runs["shared"], runs["separate"])
     n = len(target.cached_tokens)
     assert n >= len(runs["shared"]) - 1 and np.array_equal(target.cached_tokens, runs["shared"][:n])
