@@ -171,17 +171,25 @@ def check_inputs(inputs, start, n_vocab, n_ctx, cached):
 def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding=None, positions=None,
                     mask=None):
     """gpt2() that also returns the updated cache (JAX's buffers are new arrays, not updated in place)."""
+    states, new_cache = hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions, mask)
+    unembedding = wte.T if unembedding is None else unembedding  # tied to the token embedding
+    return states[-1] @ unembedding, new_cache  # [n_seq, n_embd] -> [n_seq, n_vocab]
+
+
+def hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions=None, mask=None, taps=()):
+    """The target's features a drafter reads (drafters/), and the updated cache: the residual stream after the first
+    n blocks for each n in taps (increasing, 1..n_layer), then the state after ln_f, which the unembedding reads."""
     xp = array_module(wte)
     positions = start + xp.arange(len(inputs)) if positions is None else positions  # a chain's, unless a tree's
     x = wte[inputs] + wpe[positions]  # [n_seq] -> [n_seq, n_embd]
-    new_cache = []
+    states, new_cache = [], []
     for layer, block in enumerate(blocks):
         x, layer_cache = transformer_block(x, **block, n_head=n_head, kv_cache=cache[layer] if cache else None,
                                            start=start, mask=mask)
         new_cache.append(layer_cache)
-    x = layer_norm(x, **ln_f)  # [n_seq, n_embd]
-    unembedding = wte.T if unembedding is None else unembedding  # tied to the token embedding
-    return x @ unembedding, new_cache  # [n_seq, n_embd] -> [n_seq, n_vocab]
+        if layer + 1 in taps:
+            states.append(x)  # [n_seq, n_embd]
+    return [*states, layer_norm(x, **ln_f)], new_cache  # len(taps) + 1 x [n_seq, n_embd]
 
 
 def init_params(hparams, rng):

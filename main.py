@@ -5,6 +5,7 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
         --prompt "Alan Turing theorized that computers would one day become"   # OpenAI's GPT-2 (downloaded)
     python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
     python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
+    python main.py --draft_model_size early-exit --exit_layer 2   # the target's first 2 layers draft (drafters/)
     python main.py --verbose     # each run's counts and costs, and the engine (--json: one JSON object)
     python main.py --prompt "def add(a, b):" --prompt "class Queue:"   # a batch of two prompts
     python main.py --verifier tree --n_drafts 3 --temperature 1   # three drafts as a token tree (verifiers/)
@@ -21,7 +22,6 @@ import sys
 
 import utils
 from cli import backends, flags, report, runs
-from speedup import drafts
 
 # The bundled pair's first run: a function it writes with accepted stretches and corrections, where prompts
 # into its loops (text it repeats) accept nearly everything and teach nothing. It ends after the docstring,
@@ -34,21 +34,21 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0,
          seed=123, decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32", batch_size=None, threads=None, verifier="token", n_drafts=None, replacement=False,
-         tree_drafts=None, verbose=False):
+         tree_drafts=None, exit_layer=None, verbose=False):
     """Run the chosen decoders on one prompt (or a batch); print the report, or with json=True a JSON object.
 
-    decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted
-    generation, temperature 0 only; it adapts its own K from 5, as Hugging Face does, and ignores K).
-    models_dir: None is the bundled models/ beside this file. repeats: timed runs of each decoder.
-    color: None colours on a terminal unless NO_COLOR is set; True or False forces it. backend: numpy or
-    jax; dtype: float32, or bfloat16 (JAX only) for the models' compute.
-    prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the number
-    of rows (B copies of a single prompt). threads: how many threads the NumPy engine splits a product over
-    where that measures faster (engine/threads.py); None is every usable core. verifier: token (Algorithm 2),
-    block, multi or tree, the speculative decoder's rule; n_drafts: drafts per loop for multi and tree (None:
-    3; token and block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts:
-    sampled, top_k or lookup (None: lookup with prompt-lookup, else sampled). verbose: the report adds each
-    run's counts and costs and the engine. Returns the result dict that --json prints.
+    decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted generation,
+    temperature 0 only; it adapts its own K from 5, as Hugging Face does, and ignores K). models_dir: None is the
+    bundled models/ beside this file. repeats: timed runs of each decoder. color: None colours on a terminal unless
+    NO_COLOR is set; True or False forces it. backend: numpy or jax; dtype: float32, or bfloat16 (JAX only) for the
+    models' compute. prompt: a text, or a list of texts for a batch; batch_size: None (one row per prompt) or B, the
+    number of rows (B copies of a single prompt). threads: how many threads the NumPy engine splits a product over
+    where that measures faster (engine/threads.py); None is every usable core. verifier: token (Algorithm 2), block,
+    multi or tree, the speculative decoder's rule; n_drafts: drafts per loop for multi and tree (None: 3; token and
+    block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts: sampled, top_k or
+    lookup (None: lookup with prompt-lookup, else sampled). exit_layer: the layers an early-exit draft runs (None: a
+    quarter). verbose: the report adds each run's counts and costs and the engine. Returns the result dict that
+    --json prints.
     """
     run = flags.check_run(**locals())  # every flag, checked before a model loads
     report.announce(run)  # on a terminal, at once: what the next seconds are spent on
@@ -64,14 +64,14 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
 def load_models(run):
     """-> (the target's encoder, the prompts' token ids, the draft, the target), the models built for one
     sequence (the NumPy engine in this machine's fastest layouts) or for the batch's rows."""
-    load, lookup = utils.load_encoder_hparams_and_params, run.flags["draft"] == drafts.PROMPT_LOOKUP
-    if not lookup:
-        draft_encoder, draft_hparams, draft_params = load(run.flags["draft"], run.models_dir)
+    load, has_model = utils.load_encoder_hparams_and_params, run.flags["draft"] not in flags.WITHOUT_A_MODEL
     encoder, hparams, params = load(run.flags["target"], run.models_dir)
-    if not lookup:
+    every_hparams = [hparams]
+    if has_model:
+        draft_encoder, draft_hparams, draft_params = load(run.flags["draft"], run.models_dir)
         flags.check_same_vocabulary(draft_encoder, encoder, draft_hparams, hparams)
+        every_hparams.append(draft_hparams)
     rows = [flags.encode_prompt(encoder, text) for text in run.prompts]
-    every_hparams = [hparams] if lookup else [hparams, draft_hparams]
     flags.check_context(max(map(len, rows)), run.flags["n_tokens"], *every_hparams)
     backend, dtype = run.flags["backend"], run.flags["dtype"]
     if run.batch:
@@ -79,8 +79,8 @@ def load_models(run):
                                 for weights, shape in [(draft_params, draft_hparams), (params, hparams)])
     # in_place: each model lays its weights out inside the checkpoint's arrays, freeing them as it goes
     target = backends.make_model(params, hparams, backend, dtype, layout="auto", in_place=True)
-    draft = drafts.PromptLookup(hparams["n_vocab"]) if lookup else backends.make_model(
-        draft_params, draft_hparams, backend, dtype, layout="auto", in_place=True)
+    draft = (backends.make_model(draft_params, draft_hparams, backend, dtype, layout="auto", in_place=True) if has_model
+             else backends.draft_without_a_model(run.flags["draft"], target, run.flags["exit_layer"]))
     return encoder, rows, draft, target
 
 

@@ -10,6 +10,8 @@ sampling_batched.py, sampling_jax's batched loops).
 import types
 
 import engine
+from drafters.early_exit import EarlyExit
+from speedup import drafts
 
 BACKENDS = ("numpy", "jax")
 JAX_MISSING = ("the JAX backend needs jax: pip install -r requirements-jax.txt (CPU), or pip install -U 'jax[cuda12]' "
@@ -33,6 +35,12 @@ def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False
             raise  # a different missing module: not ours to explain
         raise ImportError(JAX_MISSING) from error
     return gpt2_jax.JaxGPT2Model(params, hparams, dtype=dtype)
+
+
+def draft_without_a_model(name, target, exit_layer=None):
+    """A draft with no model folder of its own: prompt lookup (speedup/drafts.py), or the target's own first exit_layer
+    layers (drafters/early_exit.py, sharing the target's KV cache)."""
+    return drafts.PromptLookup(target.n_vocab) if name == drafts.PROMPT_LOOKUP else EarlyExit(target, exit_layer)
 
 
 def decoders(target, draft=None):

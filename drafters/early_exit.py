@@ -1,0 +1,99 @@
+"""An early exit as the draft: the target's first L layers, then its final norm and unembedding (self-speculation).
+
+Put the papers beside this file. Draft & Verify (Zhang et al. 2023, arXiv 2309.08168) drafts with the target
+itself, skipping some of its layers, and verifies with all of them; LayerSkip (Elhoushi et al. 2024, arXiv
+2404.16710) skips the last layers, exits after layer L through the model's own head, and shares the first L
+layers' KV cache between the draft and the verification. This is LayerSkip's self-speculation, untrained: the
+draft's distribution after x is
+
+    p = logits_to_probs(layer_norm(h_L(x)) @ wte.T)     h_L: the residual stream after the target's first L blocks
+
+which is gpt2.gpt2 itself with blocks[:L] and the target's cache[:L]. There is no second copy of anything:
+the draft reads and writes the target's own KV buffers for layers < L. That is safe because keys and values
+at a position depend only on the tokens up to it: when the target scores x and the drafts, it feeds from the
+same position the draft fed from (both resume after the longest cached prefix of x, cache_resume with n_last=1
+for the draft and K+1 for the target, which ends at len(x) - 1 at the latest), so it rewrites every slot the
+draft wrote, for every layer, before any query reads it. The draft does change the target's layers < L beyond
+where it starts, so it cuts the target's record of what its cache holds (`cached_tokens`) back to that start:
+the target's next call resumes there anyway, and no later call can trust a slot the draft overwrote.
+
+Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned
+and enters q/p, made by sampling.logits_to_probs with the run's settings. Only speed depends on L. A draft step
+runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus the
+unembedding's share of a decode step; the acceptance of an untrained exit is low (drafters/__init__.py).
+"""
+
+import time
+
+import numpy as np
+
+import gpt2
+import sampling
+from kvcache.contract import cache_resume
+
+EARLY_EXIT = "early-exit"  # the draft's name where a model's would go (main.py --draft_model_size)
+
+
+def default_exit_layer(n_layer):
+    """A quarter of the layers: untrained, the exit accepts more the later it reads, but costs L / n_layer of a
+    decode step more (drafters/__init__.py has the measurements)."""
+    return max(1, n_layer // 4)
+
+
+class EarlyExit:
+    """The first exit_layer blocks (None: default_exit_layer) of a cached gpt2.GPT2Model, read out through its ln_f and
+    unembedding.
+
+    `propose` is sampling.draw_drafts' contract; `logits(x, n_last)` the model contract, so that
+    speedup/costs.measure_costs times a draft step and the tree verifier can rank candidates with it.
+    """
+
+    def __init__(self, target, exit_layer=None):
+        if not isinstance(target, gpt2.GPT2Model) or not target.use_cache:
+            raise ValueError("an early exit shares a NumPy gpt2.GPT2Model's KV cache: the target must be one, with "
+                             "use_cache=True")
+        n_layer = target.hparams["n_layer"]
+        exit_layer = default_exit_layer(n_layer) if exit_layer is None else exit_layer
+        if not (sampling.is_integer(exit_layer) and 1 <= exit_layer <= n_layer - 1):
+            raise ValueError(f"--exit_layer must be an integer in [1, {n_layer - 1}] (the target has {n_layer} "
+                             f"layers), got {exit_layer!r}")
+        self.target, self.exit_layer = target, int(exit_layer)
+        self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
+        self.params = {**target.params, "blocks": target.params["blocks"][:self.exit_layer]}  # views, not copies
+
+    def exit_logits(self, tokens, start):  # [n] fed at positions start.. -> [n, n_vocab]
+        """The exit's logits for tokens fed after the first `start` cached positions; their keys and values go to
+        the target's cache slots start.. of layers < exit_layer."""
+        return gpt2.gpt2(tokens, **self.params, n_head=self.target.hparams["n_head"],
+                         cache=self.target.cache[:self.exit_layer], start=start, unembedding=self.target.unembedding)
+
+    def resume(self, x, n_last):  # -> (the cache position to feed from, the tokens of x to feed there)
+        """Resume after the target's cached prefix of x, and cut the target's record back to where the draft writes."""
+        start, new_tokens = cache_resume(self.target.cached_tokens, x, n_last)
+        self.target.cached_tokens = self.target.cached_tokens[:start]
+        return start, new_tokens
+
+    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
+        x = np.array(x, dtype=np.int64)
+        if not 1 <= n_last <= len(x) <= self.n_ctx:
+            raise ValueError(f"n_last={n_last} must lie in [1, {len(x)}] for a sequence of {len(x)} tokens within "
+                             f"the context of {self.n_ctx}")
+        start, new_tokens = self.resume(x, n_last)
+        return self.exit_logits(new_tokens, start)[-n_last:]
+
+    def propose(self, x, K, settings, rng, stats):  # -> drafts [K], p [K, n_vocab]
+        """K tokens drawn one by one from the exit's p, each fed back for the next; the last is never fed."""
+        started = time.perf_counter()
+        x = np.asarray(x, dtype=np.int64)
+        drafts, p = [], []
+        if K > 0:
+            start, new_tokens = self.resume(x, n_last=1)
+        for _ in range(K):
+            p.append(sampling.logits_to_probs(self.exit_logits(new_tokens, start)[-1], settings))
+            drafts.append(sampling.sample(p[-1], rng))  # drawn from exactly the p that enters q/p
+            start, new_tokens = start + len(new_tokens), np.array(drafts[-1:], dtype=np.int64)
+        stats.record_call("draft", time.perf_counter() - started, steps=K)
+        return np.array(drafts, dtype=np.int64), np.array(p, dtype=np.float32).reshape(K, self.n_vocab)
+
+    def reset(self):
+        """Nothing of its own to forget: the cache and its record are the target's (reset with the target)."""
