@@ -143,14 +143,10 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, start=0, unembeddin
          mask=None):  # [n_seq] -> [n_seq, n_vocab]
     """Logits for every position of `inputs`, which sit at positions start, start+1, ...
 
-    Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of
-    (keys, values) buffers per layer holding the first `start` positions, the new keys and values are
-    written into it, at slots start, start+1, ...; NumPy updates the buffers in place, JAX reads the
-    updated list from gpt2_with_cache.
-    `unembedding`, optional, is wte.T in another layout (engine/layouts.py): the same numbers, read faster.
-    A token tree passes its own `positions` (by depth, not by slot) and `mask` ([n_seq, start + n_seq], 0 or
-    MASKED: kvcache/tree.py); the defaults are a chain's, start.. and causal_mask.
-    """
+    Without a cache this is the plain full recompute (start must be 0). With `cache`, a list of (keys, values)
+    buffers per layer holding the first `start` positions, the new keys and values go to slots start.. (NumPy
+    writes in place; JAX returns the new buffers from gpt2_with_cache). `unembedding`: wte.T in a faster layout
+    (engine/layouts.py). A token tree passes its `positions` (by depth) and `mask` (kvcache/tree.py)."""
     check_inputs(inputs, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=cache is not None)
     logits, _ = gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding, positions, mask)
     return logits
@@ -196,15 +192,9 @@ def init_params(hparams, rng):
     """Random GPT-2 parameters as GPT-2 initialises them (normal, std 0.02), nested like the checkpoint."""
     n_embd = hparams["n_embd"]
 
-    def normal(*shape):
-        return (0.02 * rng.standard_normal(shape)).astype(np.float32)
-
-    def dense(n_in, n_out):
-        return {"w": normal(n_in, n_out), "b": np.zeros(n_out, np.float32)}
-
-    def norm():
-        return {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)}
-
+    normal = lambda *shape: (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    dense = lambda n_in, n_out: {"w": normal(n_in, n_out), "b": np.zeros(n_out, np.float32)}
+    norm = lambda: {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)}
     block = lambda: {"ln_1": norm(), "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd)},
                      "ln_2": norm(), "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)}}
     return {"wte": normal(hparams["n_vocab"], n_embd), "wpe": normal(hparams["n_ctx"], n_embd),
@@ -259,8 +249,7 @@ class GPT2Model(CachedModel):
         return softmax(self.logits(x, n_last=len(x)))
 
     def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab]
-        """The logits after x (row 0) and after x followed by each node's path down the tree (row 1 + i), in one call.
-
+        """The logits after x (row 0) and after x followed by each node's path down the tree (row 1 + i), in one call:
         parents[i] is -1 for a child of x's last token, else an earlier node. x's last token is fed again (as
         logits(x, n_last=1) would) beside the n nodes; the nodes' keys and values go to cache slots len(x).. as
         scratch, until keep_tree_path moves the accepted path's into place. Without a cache, x is recomputed.
