@@ -11,8 +11,9 @@ K + 1 drafted tokens multiplies K + 1 rows by the same weights. Five layouts of 
 - "wide-panels" (ColumnPanels 4096 wide, at most the matrix's width): for one row through a wide matrix,
   each panel a row-major block whose output row fits in a core's 32 KB first-level cache;
 - "column-panels" (ColumnMajorPanels): the column-major matrix itself, multiplied 16 columns at a time, each
-  block of 16 columns a contiguous [16, n_in] stretch of memory: no copy beyond the column-major one, and on
-  the Intel Xeon we measured (AVX-512) one row as fast as column-major and several rows almost as cheap.
+  block of 16 columns a contiguous [16, n_in] stretch of memory: no copy beyond the column-major one, one row
+  read front to back as column-major reads it, and several rows packed panel by panel as in "panels"
+  (measured: bench/results/ENGINE.md, 'Column panels').
 
 Each layout can also be split across every core (engine/threads.py: the matrix's column groups, one thread
 each, views of the same layout, no copy), and the column-major one run on BLAS's own threads: a way of
@@ -33,7 +34,8 @@ from engine.threads import THREADS, BlasThreaded, SplitMatrix
 LAYOUTS = ("row-major", "column-major", "panels", "wide-panels", "column-panels")
 # What is offered to BLAS's own threads: column-major only, the storage column-panels are views of, so that one
 # copy serves one row on BLAS's threads and several rows in panels (a stack of panels is many small products,
-# which BLAS does not thread). Row-major on BLAS's threads read GPT-2 1558M's matrices no faster (within 4%, Xeon).
+# which BLAS does not thread). Row-major on BLAS's threads read a large model's matrices no faster, so it is not
+# offered (measured: bench/results/ENGINE.md, 'BLAS threads for one row').
 BLAS_LAYOUTS = ("column-major",)
 STORED_AS = {"column-panels": "column-major"}  # a layout that is a view of another's storage
 ROLES = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "unembedding")  # the matrices a block and the head read

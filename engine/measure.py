@@ -1,15 +1,13 @@
 """Which layouts multiply this machine's matrices fastest: the measuring policy behind engine.fast_model.
 
-Which layout (engine/layouts.py) is fastest depends on the CPU, its BLAS kernels (docs/SPEED.md) and the
-matrix's shape. On an AMD Zen 3 (OpenBLAS's Haswell kernels, one thread) one row through GPT-2 124M's mlp.c_fc
-[768, 3072] read 17.5 GB/s row-major and 9.4 column-major, through its mlp.c_proj [3072, 768] 10.8 and 14.6,
-and through the output projection [768, 50257] 11.2 as the view wte.T, 15.2 row-major, 12.9 in panels and
-18.4 in wide panels. So `measure_plan` times every way (each layout on one thread, split over the threads, on
-BLAS's threads) for 1 to 16 rows on each role of the model's matrices (all interleaved), and `plan_from_costs`
-turns each role's times into a `LayoutPlan`: which way multiplies m rows, whether to hold a matrix twice (one
-layout for one row, another for several) where that gains enough, and how many rows to feed for m where
-padding is measurably cheaper. A measured plan is kept per machine on disk (plan_cache.py), so only a
-machine's first run pays for the measurement.
+Which layout (engine/layouts.py) is fastest depends on the CPU, its BLAS kernels (docs/SPEED.md) and the matrix's
+shape: on one CPU one row reads one of a model's matrices fastest row-major, another column-major and the output
+projection in wide panels (measured: bench/results/ENGINE.md, 'Layout by CPU and shape'). So `measure_plan` times
+every way (each layout on one thread, split over the threads, on BLAS's threads) for 1 to 16 rows on each role of
+the model's matrices (all interleaved), and `plan_from_costs` turns each role's times into a `LayoutPlan`: which
+way multiplies m rows, whether to hold a matrix twice (one layout for one row, another for several) where that
+gains enough, and how many rows to feed for m where padding is measurably cheaper. A measured plan is kept per
+machine on disk (plan_cache.py), so only a machine's first run pays for the measurement.
 """
 
 import dataclasses
@@ -29,7 +27,7 @@ from engine.threads import THREADS
 
 # BLAS's threads are offered only to a model whose weights stream from memory: an idle OpenBLAS thread spins beside
 # whatever runs next, and on the bundled pair (24 MB) they won their per-matrix timings yet lowered the pair's
-# speedups (K = 1: 1.07-1.11x against 1.15-1.18x, measured alternating on the Intel Xeon, family 6, model 167)
+# speedups (measured: bench/results/ENGINE.md, 'BLAS threads on a small model')
 STREAMING_BYTES = 64 * 2**20
 VERIFY_ROWS = range(2, 10)  # the blocks speculative sampling scores for K = 1 to 8: what "several rows" means
 GAIN_WORTH_A_CHOICE = 0.05  # a layout, a copy or a padding is chosen over another only when this much cheaper
@@ -47,8 +45,8 @@ def plan_from_costs(costs, weights_bytes=0, memory_bytes=None, spread=None, nati
       layout the matrix lies in, one thread) by GAIN_WORTH_A_CHOICE.
     - m rows are fed as m' rows, m < m' <= 2 m, only where m' is cheaper beyond doubt: spread, {layout:
       [(fastest, slowest) of m rows' rounds]}, must show m' rows' slowest round cheaper than m rows' fastest
-      by GAIN_WORTH_A_CHOICE (on the AVX2 EPYC two rows once cost 0.75 of a single row: real, but a busy
-      machine's noise can look the same, and a decode step fed twelve rows would cost several steps).
+      by GAIN_WORTH_A_CHOICE (padding can truly be cheaper, but a busy machine's noise can look the same, and a
+      decode step fed twelve rows would cost several steps; measured: bench/results/ENGINE.md, 'Padding').
     """
     memory_bytes = physical_memory_bytes() if memory_bytes is None else memory_bytes
     spread = spread or {layout: [(cost, cost) for cost in costs[layout]] for layout in costs}
@@ -106,8 +104,8 @@ def probe(matrices, probe_bytes=PROBE_BYTES):
 
 def measure_costs_by_layout(probes, rounds=2, one_row_rounds=6, seed=0, threads=None, blas=None):
     """{role: ({way: [median time of m rows through the role's probe, m = 1 .. MAX_ROWS]}, {way: [(fastest,
-    slowest) round]})}, in units of the role's median one row in its native layout (about four seconds for GPT-2
-    124M's probes, a second for the bundled pair's on the Zen 3, twice that with a split on two threads).
+    slowest) round]})}, in units of the role's median one row in its native layout (seconds, once per machine:
+    bench/results/ENGINE.md, 'Measuring time').
 
     The ways are every layout on one thread and, with threads > 1 (default: THREADS.count), split over that many
     and, unless blas is False (ways), on that many BLAS threads.

@@ -8,8 +8,8 @@ ColumnMajorPanels reads a column-major w as one, without a copy. Both give x @ w
 
 import numpy as np
 
-PANEL_WIDTH = 32  # columns per panel; why 32, measured, in ColumnPanels
-COLUMN_PANEL_WIDTH = 16  # columns per panel of a column-major matrix; why 16, measured, in ColumnMajorPanels
+PANEL_WIDTH = 32  # columns per panel: the best all round, from one row to eight (why, in ColumnPanels)
+COLUMN_PANEL_WIDTH = 16  # columns per panel of a column-major matrix: small enough to stay in cache (ColumnMajorPanels)
 
 
 class ColumnPanels:
@@ -18,21 +18,11 @@ class ColumnPanels:
     `x @ panels` gives x @ w (the same numbers). Why: OpenBLAS copies ("packs") the whole right-hand matrix
     before a product of several rows, and a layer's weight matrix does not fit in cache, so with a plain
     layout scoring m = 2 to 16 new tokens can cost 3-4 times one token: packing, not arithmetic. One
-    np.matmul over a stack of panels packs each panel while it is in cache. Measured on an AMD EPYC with
-    AVX2 (OpenBLAS's Haswell kernels, one thread) over GPT-2 124M's weight shapes, as multiples of a plain
-    single-row step:
-
-        rows m          1     2     3     4     5     8
-        plain          1.00  2.5-2.7  2.8  2.5  2.9-3.1  3.1-3.5
-        panels of 16   0.93  0.89  1.26  1.37  1.58  1.69
-        panels of 32   0.96  0.75  0.96  0.97  1.15  1.17
-        panels of 64   1.09  0.70  0.92  0.75  0.96  1.59
-
-    Sixteen-wide panels cost more for every block, 64-wide ones are slow on one row and on eight; 32 is
-    the best all round. On an AMD Zen 5 with OpenBLAS's AVX-512 kernels, the whole 124M model: 16 wide
-    1.86 at 5 rows, 1.58 at 6, 2.03 at 8; 32 wide 1.37, 1.14, 1.40; 64 wide 1.10, 1.41, 1.43. On an AMD
-    Zen 3 (Haswell kernels by OpenBLAS's own choice) panels help the output projection and little else:
-    that is why the layout is measured, role by role, on the machine at hand.
+    np.matmul over a stack of panels packs each panel while it is in cache. Narrower panels make more, smaller
+    products, each paying a product's overhead; wider ones are slow on one row and no longer stay in cache for
+    many rows: 32 columns is the best all round. How much panels help differs from CPU to CPU and from matrix
+    to matrix (on some, only the output projection gains): that is why the layout is measured, role by role,
+    on the machine at hand (measured: bench/results/ENGINE.md, 'Panel width').
     """
 
     __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__ instead of trying to convert us
@@ -63,10 +53,9 @@ class ColumnMajorPanels:
     Column-major, each column of w is contiguous, so 16 neighbouring columns are one contiguous [16, n_in]
     block, which BLAS reads as a transposed [n_in, 16] panel. One np.matmul over the stack packs each panel while
     it is in cache, as ColumnPanels does, and one row reads the matrix front to back, as column-major does.
-    Measured on an Intel Xeon (family 6, AVX-512, OpenBLAS's SkylakeX kernels), 8 layers of GPT-2 1558M's
-    matrices, one row on one thread: 15.5 GB/s (ColumnPanels 12-13); 5 rows cost 1.2 single rows (column-major
-    alone 2.6). On two threads (engine/threads.py), mlp.c_proj [6400, 1600]: one row 29 GB/s, 5 rows 1.14 and 8
-    rows 1.32 with 16 columns; 32 columns, a 0.8 MB panel, cost 2.3 at 5 rows; 8 columns read one row as fast.
+    So one row reads faster than through ColumnPanels and several rows cost little more than one. Sixteen
+    columns keep a panel of a large model's matrix small enough to stay in cache; twice as wide, the panel no
+    longer does and several rows cost much more (measured: bench/results/ENGINE.md, 'Column panels').
     """
 
     __array_ufunc__ = None  # makes NumPy hand `x @ panels` to __rmatmul__

@@ -1,29 +1,29 @@
 """Every core on one product: a weight matrix's columns cut into groups, each multiplied on its own thread.
 
 A decode step of a large model streams every weight from memory once, and one core cannot draw all the
-bandwidth a machine has. OpenBLAS can spread a product over its own threads, but on a 2-core Intel Xeon
-(family 6, model 207, AVX-512, SkylakeX kernels) two BLAS threads made scoring 2 to 9 rows through GPT-2
-1558M cost 2.8-3.3 decode steps against 1.1-2.1 with one, which makes speculative sampling worthless there.
+bandwidth a machine has. OpenBLAS can spread a product over its own threads, but its threads made scoring
+several rows through a large model cost far more decode steps than one thread did, which makes speculative
+sampling worthless (measured: bench/results/ENGINE.md, 'Threads').
 So BLAS keeps one thread per call once a program opts into the measured layouts or sets --threads (THREADS.set
 calls OpenBLAS's openblas_set_num_threads; importing this module changes nothing; one row of a large model aside,
 see BlasThreaded below) and the split is ours: x @ w becomes x @ w[:, group] for a few
 column groups at once, one on the calling thread and the rest on a small pool of Python threads (NumPy lets go
 of the interpreter lock inside a product), and the groups' outputs are joined. Each output column is the same
 dot product either way; only who computes it changes. The groups are views of the matrix as it is stored (row-
-major, column-major or column panels): no copy. A hand-off costs 40-90 microseconds on these virtual machines
-(waking a sleeping thread; a pair of locks instead of the pool measured no faster in a decode step).
+major, column-major or column panels): no copy. A hand-off wakes a sleeping thread, which costs tens of
+microseconds: small beside a large matrix, not beside a small one (a pair of locks instead of the pool was no
+faster; measured: bench/results/ENGINE.md, 'Threads').
 
 Whether a split pays is measured, per matrix role and row count, with the layouts (measure.measure_plan):
 for GPT-2 1558M nearly everywhere, for the bundled pair's small matrices rarely.
 
 For one row BLAS's own threads can be faster still: OpenBLAS's idle threads spin instead of sleeping, so it
-hands work over in about a microsecond. On a 2-core Intel Xeon (family 6, model 167, SkylakeX kernels) a decode
-step through 16 layers of GPT-2 1558M's matrices took 82 ms on two BLAS threads (column-major) against 92 ms
-split by us. So `BlasThreaded` is a third way to multiply, measured like the others: BLAS on THREADS.count
-threads for that one product, and back to one thread after it. The spinning has a price: for about a tenth of
-a second after such a product OpenBLAS's idle thread holds a core, and a split product in that time took 160
-ms instead of 112 (5 rows). So a split product first shuts OpenBLAS's threads down (60-130 microseconds,
-once after a run of BLAS-threaded products), and a plan uses BLAS's threads in every matrix of a pass or in none.
+hands work over far sooner, and a decode step of a large model on BLAS's threads can beat our split. So
+`BlasThreaded` is a third way to multiply, measured like the others: BLAS on THREADS.count threads for that one
+product, and back to one thread after it. The spinning has a price: for a while after such a product OpenBLAS's
+idle thread holds a core and slows a split product beside it. So a split product first shuts OpenBLAS's threads
+down (once after a run of BLAS-threaded products), and a plan uses BLAS's threads in every matrix of a pass or in
+none (measured: bench/results/ENGINE.md, 'BLAS threads for one row').
 """
 
 import ctypes

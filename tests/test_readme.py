@@ -135,10 +135,21 @@ def test_the_results_files_the_docs_name_exist(path):
     text = (REPO / path).read_text(encoding="utf-8")
     named = set(re.findall(r"bench/results/[\w./*-]*\w", text))
     if path == "bench/results/README.md":  # its tables name the files beside it
-        named |= {f"bench/results/{name}" for name in re.findall(r"^\| `([\w.-]+\.(?:json|log))` \|", text, re.M)}
+        named |= {f"bench/results/{name}" for name in re.findall(r"^\| `([\w.-]+\.(?:json|log|md))` \|", text, re.M)}
     assert named
     for name in named:
         assert list(REPO.glob(name)), f"{path} names {name}, which is not in the repository"
+
+
+
+def test_the_engine_links_name_sections_of_the_engine_notes():
+    """engine/'s docstrings and comments keep the reason and link the measurement behind it: each link
+    "bench/results/ENGINE.md, 'Section'" names a heading there, and each heading is linked from the code."""
+    notes = (REPO / "bench" / "results" / "ENGINE.md").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^## (.+)$", notes, re.M))
+    code = "".join(path.read_text(encoding="utf-8") for path in sorted((REPO / "engine").glob("*.py")))
+    linked = set(re.findall(r"bench/results/ENGINE\.md,\s+(?:#\s+)?'([^']+)'", code))
+    assert linked == headings, (linked ^ headings)
 
 
 def card_row(heading):
