@@ -9,8 +9,7 @@ import json
 import pytest
 
 import main
-from test_cli import TARGET, assert_short_error, run_main, write_model
-from test_exactness import scaled_params
+from helpers import TARGET, assert_short_error, run_main, scaled_params, write_model
 
 FOUR_LAYERS = {**TARGET, "n_layer": 4}
 
