@@ -85,7 +85,7 @@ class EagleDraft:
 
     def head_logits(self, features, tokens, start):  # -> the predicted features [n, n_embd], their logits [n_vocab]
         predicted = head_forward(features, tokens, self.head, self.wte, self.n_head, self.cache, start)
-        return predicted, predicted[-1] @ self.unembedding
+        return predicted, (predicted[-1:] @ self.unembedding)[0]  # 2-D: a faster layout multiplies rows only
 
     def resume(self, x):  # -> the first head slot to refeed: slot j holds a true pair while x[:j+2] is what was fed
         start = max(cache_resume(self.fed, x, n_last=1)[0] - 1, 0)
@@ -96,7 +96,7 @@ class EagleDraft:
         """K tokens drawn one by one from the head's p, each fed back beside the head's feature; the last is never
         fed. A prompt of one token has no feature yet: no drafts."""
         started = time.perf_counter()
-        x = np.asarray(x, dtype=np.int64)
+        x = np.array(x, dtype=np.int64)  # a copy: the head remembers it (`fed`), the caller may change its array
         drafts, p = [], []
         if K > 0 and len(x) >= 2:
             start = self.resume(x)

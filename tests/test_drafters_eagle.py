@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 import sampling
 from classroom import exact_law, lossless
@@ -19,6 +20,7 @@ from drafters.eagle import EagleDraft, head_forward, init_head
 from gpt2_cases import random_params
 from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
 from speedup.stats import SpeculativeStats
+from verifiers.block import block_speculative_sampling
 
 PROMPT = "def mean(values):\n    total = 0\n    for"
 
@@ -86,8 +88,13 @@ def test_p_is_the_heads_formula_and_the_cache_survives_a_rollback(bundled):
                                                                          sampling.GREEDY))
 
 
-def test_greedy_tokens_equal_autoregressive_decoding(bundled):
+@pytest.mark.parametrize("layout", ["plain", "panels"])
+def test_greedy_tokens_equal_autoregressive_decoding(bundled, layout):
+    """The plain target, and one whose weights and unembedding are laid out in panels (engine.fast_model, as main.py
+    builds it): the head reads the features and multiplies the unembedding through either."""
     tokens, target, head = bundled
+    if layout != "plain":
+        target = engine.fast_model(target.params, target.hparams, layout=layout)
     assert_greedy_equals_autoregressive(tokens, EagleDraft(target, head), target)
 
 
@@ -118,11 +125,12 @@ def eagle_problems(drafter):
                         True, 0, n_joint=4)]
 
 
+@pytest.mark.parametrize("decoder", [sampling.speculative_sampling, block_speculative_sampling])
 @pytest.mark.parametrize("drafter", [EagleDraft, OffByOne])
-def test_the_exact_oracle_passes_the_head_wired_right_or_wrong(drafter):
+def test_the_exact_oracle_passes_the_head_wired_right_or_wrong(drafter, decoder):
     """The lesson of the planted bug: an off-by-one pairing is exact (the oracle cannot see it); it only costs
     acceptance, so only a measurement of acceptance after training would catch it."""
-    check = exact_law.check_exact(sampling.speculative_sampling, problems=eagle_problems(drafter))
+    check = exact_law.check_exact(decoder, problems=eagle_problems(drafter))
     assert check.passed, check.report
     assert check.results[0].paths > 1  # the draws did branch
 
