@@ -315,7 +315,7 @@ def batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier="tok
 
 def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend):
     """--exit_layer, for --draft_model_size early-exit only: -> the layer, None for other drafts. Not given, it is a
-    quarter of the target's layers (drafters/__init__.py says why), read from its hparams.json before the checkpoint
+    quarter of the target's layers (docs/DRAFTERS.md says why), read from its hparams.json before the checkpoint
     loads; a folder still to be downloaded is checked when its model is built (drafters.early_exit.EarlyExit)."""
     if draft_model_size != EARLY_EXIT:
         if exit_layer is not None:

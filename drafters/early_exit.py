@@ -20,7 +20,7 @@ the target's next call resumes there anyway, and no later call can trust a slot 
 Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned
 and enters q/p, made by sampling.logits_to_probs with the run's settings. Only speed depends on L. A draft step
 runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus the
-unembedding's share of a decode step; the acceptance of an untrained exit is low (drafters/__init__.py).
+unembedding's share of a decode step; the acceptance of an untrained exit is low (docs/DRAFTERS.md).
 """
 
 import time
@@ -36,7 +36,7 @@ EARLY_EXIT = "early-exit"  # the draft's name where a model's would go (main.py 
 
 def default_exit_layer(n_layer):
     """A quarter of the layers: untrained, the exit accepts more the later it reads, but costs L / n_layer of a
-    decode step more (drafters/__init__.py has the measurements)."""
+    decode step more (docs/DRAFTERS.md has the measurements)."""
     return max(1, n_layer // 4)
 
 

@@ -1,5 +1,6 @@
-"""What several test files share: the table models and their exact laws, random GPT-2 pairs, the tiny model
-folders main.py runs on, and the packed corpus the trainers read. No test file imports another test file; the
+"""What several test files share: the table models and their exact laws, random GPT-2 pairs, a tiny GPT-2 for the
+exact oracle and the greedy check of a drafter made from the target, the tiny model folders main.py runs on, and
+the packed corpus the trainers read. No test file imports another test file; the
 fixtures built from these (models_dir, packed) live in conftest.py."""
 
 import copy
@@ -20,6 +21,7 @@ from classroom import lossless
 from classroom.lossless import chi_square_test
 from conftest import REPO
 from encoder import EOT, bytes_to_unicode
+from speedup.stats import SpeculativeStats
 
 # ---- table models: the next token depends on the previous one ------------------------------------------------
 
@@ -129,6 +131,44 @@ def _map_arrays(f, tree):
     if isinstance(tree, list):
         return [_map_arrays(f, value) for value in tree]
     return f(tree)
+
+
+# ---- a tiny random GPT-2 for the exact oracle (a drafter made from the target) ---------------------------------
+
+TINY = dict(n_vocab=4, n_ctx=12, n_embd=8, n_head=2, n_layer=2)  # small enough for the exact oracle
+
+
+class TinyGPT2Context:
+    """The target's next-token logits for the oracle's reference law: gpt2.gpt2's full recompute, no cache."""
+
+    n_vocab = TINY["n_vocab"]
+
+    def __init__(self, params):
+        self.params = params
+
+    def logits_at(self, tokens, positions):  # -> [len(positions), n_vocab]
+        return gpt2.gpt2(np.asarray(tokens), **self.params, n_head=TINY["n_head"])[positions]
+
+
+class GPT2Problem(lossless.Problem):
+    """A lossless.Problem on a tiny GPT-2: `target` a TinyGPT2Context, `draft` a function of the cached target model
+    -> the drafter, built afresh for each problem."""
+
+    def models(self):
+        target = gpt2.GPT2Model(self.target.params, TINY)
+        return self.draft(target), target
+
+
+def assert_greedy_equals_autoregressive(tokens, drafter, target, N=16, K=4):
+    """A drafter keeps greedy decoding exact: speculative sampling's tokens are autoregressive decoding's, and it did
+    draft, one step per draft."""
+    target.reset()
+    expected = sampling.autoregressive_sampling(tokens, target, N, 0, temperature=0)
+    target.reset()
+    stats = SpeculativeStats()
+    got = sampling.speculative_sampling(tokens, drafter, target, N, K, 0, temperature=0, stats=stats)
+    np.testing.assert_array_equal(got, expected)
+    assert stats.drafted > 0 and stats.draft_calls == stats.drafted
 
 
 # ---- main.py on tiny model folders ------------------------------------------------------------------------------

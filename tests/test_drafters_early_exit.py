@@ -16,12 +16,12 @@ from classroom import exact_law, lossless
 from conftest import bundled_pair_after
 from drafters.early_exit import EarlyExit
 from gpt2_cases import CONFIGS, random_params
+from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 
 THREE_LAYERS = CONFIGS[2]  # n_layer 3: taps after one and two blocks
 N_HEAD = THREE_LAYERS["n_head"]
-TINY = dict(n_vocab=4, n_ctx=12, n_embd=8, n_head=2, n_layer=2)  # small enough for the exact oracle
 PROMPT = "def mean(values):\n    total = 0\n    for"
 
 
@@ -82,14 +82,7 @@ def test_the_exit_reads_the_tapped_residual_stream_through_ln_f_and_the_unembedd
 @pytest.mark.parametrize("exit_layer", [2, 4])
 def test_greedy_tokens_equal_autoregressive_decoding(bundled, exit_layer):
     tokens, target = bundled
-    target.reset()
-    expected = sampling.autoregressive_sampling(tokens, target, 16, 0, temperature=0)
-    target.reset()
-    stats = SpeculativeStats()
-    got = sampling.speculative_sampling(tokens, EarlyExit(target, exit_layer), target, 16, 4, 0, temperature=0,
-                                        stats=stats)
-    np.testing.assert_array_equal(got, expected)
-    assert stats.drafted > 0 and stats.draft_calls == stats.drafted  # it did draft, one step per draft
+    assert_greedy_equals_autoregressive(tokens, EarlyExit(target, exit_layer), target)
 
 
 def caches_equal(a, b, n):  # the first n slots of every layer's keys and values
@@ -138,27 +131,6 @@ def test_a_draft_of_no_tokens_touches_nothing_and_p_is_the_rules(bundled):
 
 
 # ---- the exact oracle on a tiny random GPT-2 --------------------------------------------------------
-
-
-class TinyGPT2Context:
-    """The target's next-token logits for the oracle's reference law: gpt2.gpt2's full recompute, no cache."""
-
-    n_vocab = TINY["n_vocab"]
-
-    def __init__(self, params):
-        self.params = params
-
-    def logits_at(self, tokens, positions):  # -> [len(positions), n_vocab]
-        return gpt2.gpt2(np.asarray(tokens), **self.params, n_head=TINY["n_head"])[positions]
-
-
-class GPT2Problem(lossless.Problem):
-    """A lossless.Problem on a tiny GPT-2: `target` a TinyGPT2Context, `draft` a function of the cached target model
-    -> the drafter, built afresh for each problem."""
-
-    def models(self):
-        target = gpt2.GPT2Model(self.target.params, TINY)
-        return self.draft(target), target
 
 
 def early_exit_problems(drafter=functools.partial(EarlyExit, exit_layer=1)):

@@ -1,0 +1,111 @@
+"""EAGLE's draft head as a chain drafter: one transformer block that predicts the target's next feature.
+
+Put the paper beside this file: EAGLE (Li et al. 2024, arXiv 2401.15077). The target's feature f_i is its state
+after ln_f at position i, the vector the unembedding reads. The head reads f_i beside the embedding of the token
+that follows it, x_{i+1} (the target's own wte, frozen), and predicts f_{i+1}:
+
+    f^_{i+1} = block(concat(f_i, wte[x_{i+1}]) @ fc.w + fc.b)        [2*n_embd] -> [n_embd] -> [n_embd]
+    p(x_{i+2}) = logits_to_probs(f^_{i+1} @ wte.T)                      read out as the target reads f_{i+1}
+
+The predicted feature is post-ln_f already, so it goes to the target's unembedding with no norm before it. The
+block is GPT-2's (gpt2.transformer_block) with parameters of its own and a KV cache of its own; it has no
+position embedding, because the target's features carry their positions.
+
+Drafting after x (n tokens): the target's true features exist for x[:-1] only (the call that produced x's last
+token scored the positions before it), so head slot j holds the pair (f_j, x_{j+1}), j = 0..n-2, and its output
+at slot n-2 drafts x_n. Each further step feeds the head's own prediction beside the token just drafted. After a
+verification the slots of true pairs that x still starts with are kept (cache_resume), and the rest are rebuilt
+from the target's true features: the drafted pairs are never kept.
+
+Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned,
+made by sampling.logits_to_probs with the run's settings. How the head is wired, trained or initialised changes
+acceptance only (tests/test_drafters_eagle.py plants an off-by-one pairing, f_i beside x_i, and the oracle still
+passes it). This head is untrained (init_head: random).
+
+Cost, honestly: EAGLE reuses the features the verification call computes anyway. Here the drafter recomputes the
+target's features for x[:-1] with a separate forward of the target (no cache, the target's cache untouched) at
+every proposal; wiring the verification call's features out of GPT2Model is the next step.
+"""
+
+import time
+
+import numpy as np
+
+import gpt2
+import sampling
+from kvcache.contract import cache_resume
+
+def init_head(hparams, rng):
+    """A random head for a target of hparams' n_embd: fc [2*n_embd, n_embd] with a bias, and one GPT-2 block,
+    initialised as GPT-2 initialises its weights (normal, std 0.02; gains 1, biases 0)."""
+    n_embd = hparams["n_embd"]
+    one_block = gpt2.init_params({"n_vocab": 1, "n_ctx": 1, "n_embd": n_embd, "n_layer": 1}, rng)["blocks"][0]
+    fc = {"w": (0.02 * rng.standard_normal((2 * n_embd, n_embd))).astype(np.float32),
+          "b": np.zeros(n_embd, np.float32)}
+    return {"fc": fc, "block": one_block}
+
+
+def head_forward(features, tokens, head, wte, n_head, cache, start):  # [n, n_embd], [n] -> [n, n_embd]
+    """The head's predicted features f^_{j+1} for the pairs (features[j], tokens[j]) at head slots start..; their keys
+    and values go to the head's cache (one (keys, values) pair of [n_head, n_ctx, head_dim]) at those slots."""
+    x = np.concatenate([features, wte[tokens]], axis=-1)  # [n, 2*n_embd]
+    x = gpt2.linear(x, **head["fc"])  # [n, 2*n_embd] -> [n, n_embd]
+    predicted, _ = gpt2.transformer_block(x, **head["block"], n_head=n_head, kv_cache=cache, start=start)
+    return predicted  # [n, n_embd]
+
+
+class EagleDraft:
+    """EAGLE's head (init_head's nesting) drafting a chain for a gpt2.GPT2Model target, whose params it reads and
+    whose cache it never touches. `propose` is sampling.draw_drafts' contract."""
+
+    def __init__(self, target, head):
+        if not isinstance(target, gpt2.GPT2Model):
+            raise ValueError("EAGLE's head reads a NumPy gpt2.GPT2Model's features: the target must be one")
+        n_embd = target.hparams["n_embd"]
+        if np.shape(head["fc"]["w"]) != (2 * n_embd, n_embd):
+            raise ValueError(f"the head's fc must be [{2 * n_embd}, {n_embd}] for a target of n_embd {n_embd}, got "
+                             f"{list(np.shape(head['fc']['w']))}")
+        self.target, self.head, self.n_head = target, head, target.hparams["n_head"]
+        self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
+        self.wte = target.params["wte"]
+        self.unembedding = self.wte.T if target.unembedding is None else target.unembedding
+        self.cache = gpt2.empty_cache({**target.hparams, "n_layer": 1})[0]  # ([n_head, n_ctx, head_dim], same)
+        self.reset()
+
+    def reset(self):
+        """Forget the head's cache: `fed` is the sequence whose true pairs fill slots 0..len(fed)-2."""
+        self.fed = np.zeros(0, dtype=np.int64)
+
+    def target_features(self, x):  # [n] -> [n, n_embd], the target's states after ln_f
+        states, _ = gpt2.hidden_states(x, **self.target.params, n_head=self.n_head, cache=None, start=0)
+        return states[-1]
+
+    def paired_tokens(self, x):  # [n] -> [n-1]: the token beside each feature of x[:-1]
+        return x[1:]  # f_j predicts x_{j+1}, and the head reads f_j with x_{j+1}: the pairing EAGLE trains
+
+    def head_logits(self, features, tokens, start):  # -> the predicted features [n, n_embd], their logits [n_vocab]
+        predicted = head_forward(features, tokens, self.head, self.wte, self.n_head, self.cache, start)
+        return predicted, (predicted[-1:] @ self.unembedding)[0]  # 2-D: a faster layout multiplies rows only
+
+    def resume(self, x):  # -> the first head slot to refeed: slot j holds a true pair while x[:j+2] is what was fed
+        start = max(cache_resume(self.fed, x, n_last=1)[0] - 1, 0)
+        self.fed = x
+        return start
+
+    def propose(self, x, K, settings, rng, stats):  # -> drafts [K or 0], p [K or 0, n_vocab]
+        """K tokens drawn one by one from the head's p, each fed back beside the head's feature; the last is never
+        fed. A prompt of one token has no feature yet: no drafts."""
+        started = time.perf_counter()
+        x = np.array(x, dtype=np.int64)  # a copy: the head remembers it (`fed`), the caller may change its array
+        drafts, p = [], []
+        if K > 0 and len(x) >= 2:
+            start = self.resume(x)
+            features, tokens = self.target_features(x[:-1])[start:], self.paired_tokens(x)[start:]
+            for _ in range(K):
+                features, logits = self.head_logits(features, tokens, start)
+                p.append(sampling.logits_to_probs(logits, settings))
+                drafts.append(sampling.sample(p[-1], rng))  # drawn from exactly the p that enters q/p
+                start += len(tokens)  # the next free slot, where the head's own pair goes
+                features, tokens = features[-1:], np.array(drafts[-1:], dtype=np.int64)
+        stats.record_call("draft", time.perf_counter() - started, steps=len(drafts))
+        return np.array(drafts, dtype=np.int64), np.array(p, dtype=np.float32).reshape(len(drafts), self.n_vocab)
