@@ -35,13 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+import gpt2
 from bench.decode import params_nbytes
 from bench.machine import blas_info, cpu_model
 from engine import fast_model, layouts
 from checkpoints.atomic import write_atomically
 from engine.threads import THREADS, usable_cores
 from speedup import costs
+
+REPO = Path(__file__).resolve().parents[1]
 
 SHAPES = {"124M": (768, 12, 12), "355M": (1024, 24, 16), "774M": (1280, 36, 20), "1558M": (1600, 48, 25)}
 PREFIX = 64  # tokens cached before the costs are measured
@@ -54,16 +56,20 @@ def hparams_of(size):
     return {"n_vocab": 50257, "n_ctx": 1024, "n_embd": n_embd, "n_head": n_head, "n_layer": n_layer}
 
 
+class Float32Normals:
+    """A Generator whose standard_normal draws float32 directly: a float64 draw of GPT-2 1558M's wte would pass
+    643 MB through memory on its way to float32."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def standard_normal(self, shape):
+        return self.rng.standard_normal(shape, dtype=np.float32)
+
+
 def random_params(hparams, rng):
-    """gpt2.init_params' tree, drawn in float32 directly (no float64 copy passes through memory)."""
-    n_embd = hparams["n_embd"]
-    normal = lambda *shape: rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-    dense = lambda n_in, n_out: {"w": normal(n_in, n_out), "b": np.zeros(n_out, np.float32)}
-    norm = lambda: {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)}
-    block = lambda: {"ln_1": norm(), "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd)},
-                     "ln_2": norm(), "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)}}
-    return {"wte": normal(hparams["n_vocab"], n_embd), "wpe": normal(hparams["n_ctx"], n_embd),
-            "blocks": [block() for _ in range(hparams["n_layer"])], "ln_f": norm()}
+    """gpt2.init_params' tree, drawn in float32 directly."""
+    return gpt2.init_params(hparams, Float32Normals(rng))
 
 
 def read_gbps(threads, rng, repeats=7, k=8192, n=8192):

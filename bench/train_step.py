@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
 from bench.machine import cpu_model
+
+REPO = Path(__file__).resolve().parents[1]
 
 TRANSPARENT_HUGEPAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -28,10 +28,11 @@ import sys
 import sysconfig
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 from encoder import EOT
 from checkpoints.atomic import write_atomically
 from tools import corpus_packages
+
+REPO = Path(__file__).resolve().parents[1]
 
 DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 DOCS_PACKAGE = "python3.11-doc"  # the Debian package that installs DOCS_DIR (models/corpus_manifest.json records it)

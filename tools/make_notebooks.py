@@ -30,16 +30,16 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from PIL import Image  # a dependency of matplotlib
 
-REPO = Path(__file__).resolve().parents[1]
 from bench.machine import machine_line
 from checkpoints.atomic import write_atomically
+
+REPO = Path(__file__).resolve().parents[1]
 
 NOTEBOOKS_DIR = REPO / "notebooks"
 TIMINGS = NOTEBOOKS_DIR / "timings.json"

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
 from encoder import get_encoder_from_dir
 from checkpoints.atomic import write_atomically
+
+REPO = Path(__file__).resolve().parents[1]
 
 SPLITS = ("train", "heldout")
 VOCABULARY_FILES = ("encoder.json", "vocab.bpe")

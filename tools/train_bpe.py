@@ -29,9 +29,10 @@ from pathlib import Path
 
 import regex
 
-REPO = Path(__file__).resolve().parents[1]
 from encoder import EOT, PRETOKENIZE_PATTERN, bytes_to_unicode, merge_pair
 from checkpoints.atomic import write_atomically
+
+REPO = Path(__file__).resolve().parents[1]
 
 VOCAB_SIZE = 4096  # 256 bytes + 3839 merges + <|endoftext|>
 INPUT = REPO / "build" / "corpus" / "train.txt"
