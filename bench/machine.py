@@ -11,17 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.plan_cache import cpuinfo_fields
 from engine.threads import openblas_call, usable_cores
 
 
 def cpu_model(cpuinfo_path="/proc/cpuinfo"):
     """The CPU's model name, with its family and model numbers where /proc/cpuinfo gives them."""
-    fields = {}
-    try:
-        for line in Path(cpuinfo_path).read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
+    fields = cpuinfo_fields(cpuinfo_path)
+    if fields is None:
         return platform.processor() or platform.machine() or "unknown"
     name = fields.get("model name") or platform.processor() or "unknown"
     if "cpu family" in fields and "model" in fields:

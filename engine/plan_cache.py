@@ -29,15 +29,22 @@ def cache_folder():
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "speculative-sampling-kit"
 
 
-def cpu_identity():  # -> {field: value} for the first core in /proc/cpuinfo, or what platform knows elsewhere
+def cpuinfo_fields(path="/proc/cpuinfo"):  # -> {field: value} of the first core listed, or None where unreadable
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        lines = Path(path).read_text().splitlines()
     except OSError:
-        return {"machine": platform.machine(), "processor": platform.processor()}
+        return None
     fields = {}
     for line in lines:
         name, _, value = line.partition(":")
         fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_identity():  # -> the fields of /proc/cpuinfo naming the CPU, or what platform knows elsewhere
+    fields = cpuinfo_fields()
+    if fields is None:
+        return {"machine": platform.machine(), "processor": platform.processor()}
     return {name: fields.get(name) for name in CPU_FIELDS}
 
 
