@@ -50,8 +50,9 @@ FLAG_HELP = {
     "replacement": (None, "multi and tree's sampled drafts drawn independently (SpecInfer) rather than with distinct "
                           "first tokens (RSD)"),
     "tree_drafts": ("NAME", "how --verifier tree grows its tree: sampled (the drafts of multi), top_k (the draft's "
-                            "--n_drafts likeliest tokens at every node, to depth K) or lookup (--n_drafts prompt-lookup "
-                            "matches, with --draft_model_size prompt-lookup)"),
+                            "--n_drafts likeliest tokens at every node, to depth K), lookup (--n_drafts prompt-lookup "
+                            "matches, with --draft_model_size prompt-lookup) or dynamic (grown by the drafter: "
+                            "eagle, medusa)"),
     "exit_layer": ("INT", "with --draft_model_size early-exit: the target's layers the draft runs before reading out "
                           "through the target's final norm and unembedding, 1 .. n_layer - 1"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
@@ -77,6 +78,7 @@ ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "rep
 VERIFIERS = ("token", "block", "multi", "tree")
 SEVERAL_DRAFTS = ("multi", "tree")  # the verifiers that take --n_drafts > 1
 DEFAULT_N_DRAFTS = 3  # multi and tree, when --n_drafts is not given
+TREE_GROWING_DRAFTERS = ("eagle", "medusa")  # the drafters with draft_tree (--tree_drafts dynamic)
 WITHOUT_A_MODEL = (drafts.PROMPT_LOOKUP, EARLY_EXIT)  # drafts with no model folder of their own
 
 
@@ -261,6 +263,9 @@ def check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, dr
         tree_drafts = ("lookup" if lookup else "sampled") if tree_drafts is None else tree_drafts
         if tree_drafts not in TREE_DRAFTS:
             raise ValueError(f"unknown --tree_drafts {tree_drafts!r}: choose one of {', '.join(TREE_DRAFTS)}")
+        if tree_drafts == "dynamic" and draft_model_size not in TREE_GROWING_DRAFTERS:
+            raise ValueError(f"--tree_drafts dynamic needs a drafter that grows its own tree: --draft_model_size "
+                             f"{' or '.join(TREE_GROWING_DRAFTERS)}")
         if tree_drafts == "lookup" and not lookup:
             raise ValueError("--tree_drafts lookup needs --draft_model_size prompt-lookup")
         if tree_drafts != "lookup" and lookup:

@@ -127,6 +127,21 @@ def test_top_k_trees_hold_the_k_most_likely_tokens_at_every_node():
             assert children == []
 
 
+class TopKTreeDrafter(lossless.CachedTableModel):
+    """A drafter that grows its own tree (drafts="dynamic"): here top_k_tree's, through the drafter hook."""
+
+    def draft_tree(self, x, K, n_drafts, settings, stats):
+        return top_k_tree(self, x, K, n_drafts, settings, stats)
+
+
+def test_a_tree_the_drafter_grows_itself_is_verified_as_the_same_tree_grown_by_the_verifier():
+    for temperature in (0, 1):
+        runs = {drafts: tree_speculative_sampling([2, 0], TopKTreeDrafter(DRAFT), lossless.CachedTableModel(TARGET),
+                                                  16, 3, 7, n_drafts=2, drafts=drafts, temperature=temperature)
+                for drafts in ("top_k", "dynamic")}
+        assert runs["top_k"].tolist() == runs["dynamic"].tolist()
+
+
 def test_lookup_takes_the_latest_distinct_continuations_of_the_longest_matching_ngram():
     x = [5, 6, 1, 5, 6, 2, 9, 5, 6, 1, 7, 5, 6]
     assert lookup_continuations(x, 2, 3) == [(1, 7), (2, 9), (1, 5)]

@@ -18,6 +18,8 @@ How the tree grows (`drafts`):
   one draft step per inner node.
 - "lookup": the n_drafts latest distinct continuations (at most K tokens) of the text's last n-gram's earlier
   occurrences (speedup/drafts.PromptLookup, which keeps only the latest); draft_model is not used (pass None).
+- "dynamic": the drafter grows the tree itself, `draft_model.draft_tree(x, K, n_drafts, settings, stats)` -> a
+  TokenTree of chosen tokens (drafters/: EAGLE-2's dynamic tree, Medusa's heads), to depth K.
 Chosen children are one-hot drafts: candidate c is accepted with probability q'(c), and else q'(c) <- 0 and q'
 is renormalised, which is the recursive rule with p' one-hot at c.
 """
@@ -31,7 +33,7 @@ from speedup.drafts import continuation_starts
 from verifiers.loop import Loop, decode
 from verifiers.multi_draft import check_n_drafts, draw_distinct_drafts, draw_independent_drafts, recursive_rejection
 
-DRAFTS = ("sampled", "top_k", "lookup")
+DRAFTS = ("sampled", "top_k", "lookup", "dynamic")
 
 
 def tree_speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, n_drafts=3, replacement=False,
@@ -122,8 +124,12 @@ def grow_tree(drafts, draft_model, x, K, n_drafts, replacement, settings, rng, s
         for draft, p_draft in zip(sampled, p):
             tree.add_draft(draft, p_draft)
         return tree, sum(len(draft) for draft in sampled)
-    tree = top_k_tree(draft_model, x, K, n_drafts, settings, stats) if drafts == "top_k" else \
-        lookup_tree(x, K, n_drafts, stats)
+    if drafts == "dynamic":
+        tree = draft_model.draft_tree(x, K, n_drafts, settings, stats)
+    elif drafts == "top_k":
+        tree = top_k_tree(draft_model, x, K, n_drafts, settings, stats)
+    else:
+        tree = lookup_tree(x, K, n_drafts, stats)
     return tree, len(tree.tokens)
 
 
