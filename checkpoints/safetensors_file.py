@@ -67,3 +67,18 @@ class SafetensorsFile:
         if array.dtype == np.dtype("<u2"):  # bfloat16 is the top half of a float32
             return (array.astype(np.uint32) << 16).view(np.float32)
         return array.astype(np.float32, copy=False)
+
+
+def safetensors_bytes(tensors, dtype=np.float16):  # {name: array} -> the bytes of a .safetensors file
+    """Every tensor in `dtype` (float16 or float32), laid out one after another in the order given."""
+    names = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
+    header, data, offset = {}, [], 0
+    for name, array in tensors.items():
+        raw = np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+        header[name] = {"dtype": names[np.dtype(dtype)], "shape": list(np.shape(array)),
+                        "data_offsets": [offset, offset + len(raw)]}
+        data.append(raw)
+        offset += len(raw)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes
+    return len(encoded).to_bytes(8, "little") + encoded + b"".join(data)

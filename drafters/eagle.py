@@ -33,6 +33,7 @@ import numpy as np
 
 import gpt2
 import sampling
+from drafters.features import true_features
 from kvcache.contract import cache_resume
 
 def init_head(hparams, rng):
@@ -76,10 +77,6 @@ class EagleDraft:
         """Forget the head's cache: `fed` is the sequence whose true pairs fill slots 0..len(fed)-2."""
         self.fed = np.zeros(0, dtype=np.int64)
 
-    def target_features(self, x):  # [n] -> [n, n_embd], the target's states after ln_f
-        states, _ = gpt2.hidden_states(x, **self.target.params, n_head=self.n_head, cache=None, start=0)
-        return states[-1]
-
     def paired_tokens(self, x):  # [n] -> [n-1]: the token beside each feature of x[:-1]
         return x[1:]  # f_j predicts x_{j+1}, and the head reads f_j with x_{j+1}: the pairing EAGLE trains
 
@@ -100,7 +97,7 @@ class EagleDraft:
         drafts, p = [], []
         if K > 0 and len(x) >= 2:
             start = self.resume(x)
-            features, tokens = self.target_features(x[:-1])[start:], self.paired_tokens(x)[start:]
+            features, tokens = true_features(self.target, x[:-1])[start:], self.paired_tokens(x)[start:]
             for _ in range(K):
                 features, logits = self.head_logits(features, tokens, start)
                 p.append(sampling.logits_to_probs(logits, settings))

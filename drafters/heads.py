@@ -1,0 +1,67 @@
+"""Trained drafter heads on disk: a folder in models/ beside the pair, loaded offline as the pair is.
+
+head.safetensors holds the head's arrays in float16 (Hugging Face's safetensors format; each array is named by its
+path in the nesting, keys joined by "/": fc/w, block/attn/c_attn/w, heads/0/w), read back as float32. head.json
+says what the arrays are: the drafter ("drafter": eagle, medusa, kangaroo), the target they read ("target": its
+folder's name, and its hparams), what the drafter needs beside its arrays, and how they were trained.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from checkpoints.atomic import write_atomically
+from checkpoints.safetensors_file import SafetensorsFile, safetensors_bytes
+
+
+def flatten(tree, prefix=""):  # nested dicts and lists of arrays -> {"a/0/b": array}
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    flat = {}
+    for key, value in items:
+        name = f"{prefix}{key}"
+        flat.update(flatten(value, name + "/") if isinstance(value, (dict, list)) else {name: np.asarray(value)})
+    return flat
+
+
+def unflatten(flat):  # {"a/0/b": array} -> nested dicts, a level whose keys are 0..n-1 a list
+    tree = {}
+    for name, array in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = array
+
+    def listify(node):
+        if not isinstance(node, dict):
+            return node
+        node = {key: listify(value) for key, value in node.items()}
+        if sorted(node) == [str(i) for i in range(len(node))] and node:
+            return [node[str(i)] for i in range(len(node))]
+        return node
+
+    return listify(tree)
+
+
+def save_head(folder, params, info):
+    """Write the head's arrays and its description (a JSON-able dict with at least "drafter" and "target"); each
+    file appears whole or not at all."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / "head.safetensors", safetensors_bytes(flatten(params)))
+    write_atomically(folder / "head.json", (json.dumps(info, indent=2) + "\n").encode())
+
+
+def load_head(folder, drafter=None):  # -> (params, info)
+    """A head saved by save_head, as float32; drafter: the kind expected (an error names what the folder holds)."""
+    folder = Path(folder)
+    missing = [name for name in ("head.safetensors", "head.json") if not (folder / name).exists()]
+    if missing:
+        raise ValueError(f"{folder} is not a drafter's head: {', '.join(missing)} missing (tools/train_heads.py "
+                         "writes them)")
+    info = json.loads((folder / "head.json").read_text())
+    if drafter is not None and info.get("drafter") != drafter:
+        raise ValueError(f"{folder} holds a {info.get('drafter')} head, not {drafter}")
+    tensors = SafetensorsFile(folder / "head.safetensors")
+    return unflatten({name: tensors.read(name) for name in tensors.shapes}), info

@@ -1,0 +1,49 @@
+"""drafters/heads.py: a head saved and loaded again is the same nesting of float32 arrays (float16 on disk), in a
+file that Hugging Face's own safetensors library reads; a folder of another drafter, or half a folder, is a clear
+error."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from drafters.heads import flatten, load_head, save_head, unflatten
+from drafters.eagle import init_head
+from helpers import TINY
+
+
+def test_a_saved_head_loads_as_the_same_nesting_in_float32(tmp_path):
+    head = init_head(TINY, np.random.default_rng(0))
+    head["heads"] = [{"w": np.ones((2, 3), np.float32)}, {"w": np.full((2, 3), 0.5, np.float32)}]
+    save_head(tmp_path / "h", head, {"drafter": "eagle", "target": "tiny"})
+    loaded, info = load_head(tmp_path / "h", drafter="eagle")
+    assert info == {"drafter": "eagle", "target": "tiny"}
+    flat, loaded_flat = flatten(head), flatten(loaded)
+    assert sorted(flat) == sorted(loaded_flat) and isinstance(loaded["heads"], list)
+    for name, array in flat.items():
+        assert loaded_flat[name].dtype == np.float32
+        np.testing.assert_array_equal(loaded_flat[name], array.astype(np.float16).astype(np.float32))
+
+
+def test_hugging_faces_safetensors_reads_the_file_we_write(tmp_path):
+    head = init_head(TINY, np.random.default_rng(1))
+    save_head(tmp_path, head, {"drafter": "eagle", "target": "tiny"})
+    theirs = load_file(str(tmp_path / "head.safetensors"))
+    assert sorted(theirs) == sorted(flatten(head))
+    np.testing.assert_array_equal(theirs["fc/w"], head["fc"]["w"].astype(np.float16))
+
+
+def test_unflatten_undoes_flatten():
+    tree = {"a": [{"b": np.zeros(1)}, {"b": np.ones(1)}], "c": np.zeros(2)}
+    assert flatten(unflatten(flatten(tree))).keys() == flatten(tree).keys()
+
+
+def test_another_drafters_head_or_a_half_written_folder_is_a_clear_error(tmp_path):
+    save_head(tmp_path, {"w": np.zeros(2, np.float32)}, {"drafter": "medusa", "target": "tiny"})
+    with pytest.raises(ValueError, match="holds a medusa head, not eagle"):
+        load_head(tmp_path, drafter="eagle")
+    (tmp_path / "head.json").unlink()
+    with pytest.raises(ValueError, match="head.json missing"):
+        load_head(tmp_path)
+    assert not list(tmp_path.glob(".*.tmp"))
