@@ -42,10 +42,11 @@ from checkpoints.atomic import write_atomically
 from tools.pack_corpus import load_packed_tokens
 import utils
 
-def load_tokens(corpus_file, encoder, cache_file):
-    """The corpus as one array of token ids, each document followed by <|endoftext|>; cached on disk beside
-    the vocabulary it was encoded with, and encoded again when the corpus or that vocabulary is newer."""
-    sources = (corpus_file, cache_file.parent / "encoder.json")
+def load_tokens(corpus_file, encoder, cache_file, vocabulary_file=None):
+    """The corpus as one array of token ids, each document followed by <|endoftext|>; cached on disk (beside the
+    vocabulary it was encoded with, unless vocabulary_file names it), and encoded again when the corpus or that
+    vocabulary is newer."""
+    sources = (corpus_file, vocabulary_file or cache_file.parent / "encoder.json")
     if cache_file.exists() and cache_file.stat().st_mtime > max(path.stat().st_mtime for path in sources):
         return np.load(cache_file)
     ids = encoder.encode(corpus_file.read_text(encoding="utf-8"), allow_eot=True) + [encoder.eot_token]

@@ -1,0 +1,71 @@
+"""tools/train_heads.py on a tiny target (the CPU): a few steps write a head that drafters/heads.py loads, the
+target stays frozen, and a run stopped half-way resumes from its saved state to the very head an uninterrupted
+run writes."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import gpt2
+import utils
+from conftest import REPO
+from drafters.heads import flatten, load_head
+
+jax = pytest.importorskip("jax")
+from tools import train_heads, train_pair  # noqa: E402
+
+TINY_TARGET = dict(n_vocab=4096, n_ctx=32, n_embd=16, n_head=2, n_layer=2)
+
+
+@pytest.fixture()
+def tiny_setup(tmp_path):  # -> (models_dir holding a tiny teach-target, corpus_dir)
+    models_dir, corpus_dir = tmp_path / "models", tmp_path / "corpus"
+    utils.save_gpt2_checkpoint(gpt2.init_params(TINY_TARGET, np.random.default_rng(0)), TINY_TARGET,
+                               models_dir / "teach-target")
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(REPO / "models" / "teach-target" / name, models_dir / "teach-target" / name)
+    corpus_dir.mkdir()
+    (corpus_dir / "train.txt").write_text((REPO / "README.md").read_text() * 2)
+    return models_dir, corpus_dir
+
+
+def train(models_dir, corpus_dir, state_dir, steps=4):
+    train_heads.main("eagle", models_dir=models_dir, corpus_dir=corpus_dir, steps=steps, batch_size=2, seq_len=16,
+                     warmup=1, eval_every=2, validation_tokens=300, state_dir=state_dir, save_minutes=0)
+    return load_head(models_dir / "teach-eagle", drafter="eagle")
+
+
+def test_a_few_steps_write_a_head_and_a_run_stopped_half_way_resumes_to_the_same_head(tiny_setup, tmp_path, monkeypatch):
+    models_dir, corpus_dir = tiny_setup
+    target_before = (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes()
+    whole, info = train(models_dir, corpus_dir, tmp_path / "whole")
+    assert whole["fc"]["w"].shape == (32, 16) and whole["fc"]["w"].dtype == np.float32
+    assert info["target"] == "teach-target" and info["training"]["steps_done"] == 4
+    assert [entry["step"] for entry in info["training"]["evals"]] == [2, 4]
+    assert all(np.isfinite(entry["feature_loss"]) for entry in info["training"]["evals"])
+    assert (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes() == target_before
+
+    learning_rate = train_pair.learning_rate
+
+    def stop_at_step_3(step, *args):
+        if step == 3:
+            raise KeyboardInterrupt
+        return learning_rate(step, *args)
+
+    monkeypatch.setattr(train_pair, "learning_rate", stop_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(models_dir, corpus_dir, tmp_path / "stopped")
+    monkeypatch.setattr(train_pair, "learning_rate", learning_rate)
+    resumed, info = train(models_dir, corpus_dir, tmp_path / "stopped")
+    assert info["training"]["steps_done"] == 4
+    for name, array in flatten(whole).items():
+        np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)
+
+
+def test_an_unknown_drafter_or_a_missing_corpus_is_a_one_line_error(tiny_setup, tmp_path):
+    models_dir, _ = tiny_setup
+    with pytest.raises(SystemExit, match="unknown drafter 'lookahead'"):
+        train_heads.main("lookahead", models_dir=models_dir)
+    with pytest.raises(SystemExit, match="build it with python tools/build_corpus.py"):
+        train_heads.main("eagle", models_dir=models_dir, corpus_dir=tmp_path / "nowhere")

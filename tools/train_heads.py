@@ -1,0 +1,182 @@
+"""Train a drafter's head on the frozen bundled target: EAGLE's feature head (more kinds plug in below).
+
+    python tools/build_corpus.py                     # once: build/corpus/train.txt
+    python tools/train_heads.py eagle                # -> models/teach-eagle
+
+The target (models/teach-target) never changes. The head sees the training split only (build/corpus/train.txt;
+the held-out split stays unseen), less its last validation_tokens, which measure it; each batch is windows of
+seq_len + 1 tokens, and the target's features for them are computed inside the same jitted step. The loss is the
+paper's:
+
+- EAGLE (Li et al. 2024, arXiv 2401.15077): the head reads the target's feature f_i beside the embedding of token
+  i+1 and predicts f_{i+1}: smooth L1 between predicted and true features, plus 0.1 times the cross-entropy from
+  the target's next-token distribution (f_{i+1} read out) to the head's (the prediction read out through the same
+  frozen unembedding). Uniform noise U(-0.1, 0.1) on the input features teaches the head to read its own
+  imperfect predictions, which is what it reads from the second draft step on.
+
+The run saves its whole state (head, optimiser, sampler, log) atomically to state_dir every save_minutes, and the
+same command run again resumes from it. At every evaluation it writes the head (drafters/heads.py) to
+out_dir/<name>, its head.json holding the recipe and the log, so a usable head exists however far it got.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import gpt2
+import utils
+from drafters import eagle
+from drafters.heads import save_head
+from tools import train_pair
+
+TARGET = "teach-target"
+NOISE = 0.1  # EAGLE's U(-0.1, 0.1) on the input features
+CLASSIFICATION_WEIGHT = 0.1  # EAGLE's weight on the token cross-entropy beside the feature regression
+
+
+def target_features(target_params, n_head, window):  # [seq] -> [seq, n_embd]: the frozen target's f after ln_f
+    states, _ = gpt2.hidden_states(window, **target_params, n_head=n_head, cache=None, start=0)
+    return jax.lax.stop_gradient(states[-1])
+
+
+def smooth_l1(predicted, true):  # mean over positions and features, beta 1 (PyTorch's SmoothL1Loss)
+    difference = jnp.abs(predicted - true)
+    return jnp.mean(jnp.where(difference < 1, 0.5 * difference**2, difference - 0.5))
+
+
+def soft_cross_entropy(target_logits, logits):  # mean over positions of -sum p_target log p_head
+    return -jnp.mean(jnp.sum(jax.nn.softmax(target_logits) * jax.nn.log_softmax(logits), axis=-1))
+
+
+class Eagle:
+    """EAGLE's head: predicted feature f^_{i+1} = head(f_i + noise, token_{i+1}), read out as the target reads f."""
+
+    name, default_out = "eagle", "teach-eagle"
+
+    def __init__(self, hparams):
+        self.n_head = hparams["n_head"]
+
+    def init(self, hparams, rng):
+        return eagle.init_head(hparams, rng)
+
+    def predicted(self, head, target_params, features, window):  # -> f^ for positions 1..seq-1, [seq-1, n_embd]
+        return eagle.head_forward(features[:-1], window[1:], head, target_params["wte"], self.n_head, None, 0)
+
+    def loss(self, head, target_params, window, key):  # one window [seq] -> scalar
+        features = target_features(target_params, self.n_head, window)
+        noisy = features + jax.random.uniform(key, features.shape, minval=-NOISE, maxval=NOISE)
+        predicted = self.predicted(head, target_params, noisy, window)
+        unembedding = target_params["wte"].T
+        return smooth_l1(predicted, features[1:]) + CLASSIFICATION_WEIGHT * soft_cross_entropy(
+            features[1:] @ unembedding, predicted @ unembedding)
+
+    def metrics(self, head, target_params, window):  # one window -> {name: scalar}, without noise
+        features = target_features(target_params, self.n_head, window)
+        predicted = self.predicted(head, target_params, features, window)
+        unembedding = target_params["wte"].T
+        agrees = jnp.argmax(predicted @ unembedding, -1) == jnp.argmax(features[1:] @ unembedding, -1)
+        return {"feature_loss": smooth_l1(predicted, features[1:]), "top1_agreement": jnp.mean(agrees)}
+
+    def info(self, head, target_params, validation):  # what the drafter needs beside the arrays
+        return {}
+
+
+KINDS = {kind.name: kind for kind in (Eagle,)}
+
+
+def make_step(kind):
+    def batch_loss(head, target_params, batch, key):
+        keys = jax.random.split(key, len(batch))
+        return jnp.mean(jax.vmap(kind.loss, in_axes=(None, None, 0, 0))(head, target_params, batch, keys))
+
+    @jax.jit
+    def step(head, opt_state, target_params, batch, key, lr):
+        value, grads = jax.value_and_grad(batch_loss)(head, target_params, batch, key)
+        head, opt_state = train_pair.adamw_update(head, grads, opt_state, lr, weight_decay=0.0)
+        return head, opt_state, value
+
+    return step
+
+
+def validation_metrics(kind, head, target_params, windows, batch_size=8):  # -> {name: mean over the windows}
+    evaluate = jax.jit(jax.vmap(kind.metrics, in_axes=(None, None, 0)))
+    sums = {}
+    for start in range(0, len(windows), batch_size):
+        for name, values in evaluate(head, target_params, windows[start:start + batch_size]).items():
+            sums[name] = sums.get(name, 0.0) + float(jnp.sum(values))
+    return {name: total / len(windows) for name, total in sums.items()}
+
+
+def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None, steps=2000, batch_size=8,
+         seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
+         state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0):
+    """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
+    models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter."""
+    if drafter not in KINDS:
+        raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
+    models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
+    state_dir = Path(state_dir).expanduser() / drafter
+    if not (corpus_dir / "train.txt").exists():
+        raise SystemExit(f"train_heads: {corpus_dir / 'train.txt'} is missing: build it with python tools/build_corpus.py")
+    encoder, hparams, target_params = utils.load_encoder_hparams_and_params(TARGET, models_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tokens = train_pair.load_tokens(corpus_dir / "train.txt", encoder, state_dir / "train_tokens.npy",
+                                    vocabulary_file=models_dir / TARGET / "encoder.json")
+    train, validation = tokens[:-validation_tokens], tokens[-validation_tokens:]
+    n_windows = min(64, (len(validation) - 1) // (seq_len + 1))
+    validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
+                                   for i in range(n_windows)]).astype(np.int32)
+    kind = KINDS[drafter](hparams)
+    recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
+              "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens}
+    state = train_pair.load_state(state_dir, recipe)
+    if state is None:
+        rng = np.random.default_rng(seed)
+        head = jax.tree.map(jnp.asarray, kind.init(hparams, rng))
+        log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
+               "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0}
+        state = {"params": head, "opt_state": train_pair.adamw_init(head), "log": log, "rng": rng.bit_generator.state}
+    else:
+        print(f"resuming {state_dir / 'state.pkl'} at step {state['log']['steps_done']}", flush=True)
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state["rng"]
+    head, opt_state, log = jax.tree.map(jnp.asarray, state["params"]), state["opt_state"], state["log"]
+    target_params = jax.tree.map(jnp.asarray, target_params)
+    step_fn, out_name = make_step(kind), out_name or kind.default_out
+    print(f"{drafter}: {len(train):,} training tokens, {n_windows} validation windows, to {models_dir / out_name}",
+          flush=True)
+
+    def save_state():  # the sampler's state goes with the step it serves next: a resumed run sees the same data
+        train_pair.save_state(state_dir, {"params": head, "opt_state": opt_state, "log": log,
+                                          "rng": rng.bit_generator.state})
+
+    started, minutes_before, last_save = time.perf_counter(), log["minutes"], time.perf_counter()
+    data = train_pair.batches(train, batch_size, seq_len, rng)
+    for step in range(log["steps_done"], steps):
+        key = jax.random.PRNGKey(int(rng.integers(2**31)))
+        head, opt_state, loss = step_fn(head, opt_state, target_params, next(data), key,
+                                        train_pair.learning_rate(step, steps, lr, warmup))
+        log.update(steps_done=step + 1, minutes=minutes_before + (time.perf_counter() - started) / 60)
+        if step % 50 == 0:
+            print(f"step {step:5d}  loss {float(loss):.4f}  {log['minutes']:.1f} min", flush=True)
+        if (step + 1) % eval_every == 0 or step == steps - 1:
+            metrics = validation_metrics(kind, head, target_params, validation_windows)
+            log["evals"].append({"step": step + 1, "minutes": round(log["minutes"], 2), **metrics})
+            print("validation", json.dumps({k: round(v, 4) for k, v in metrics.items()}), flush=True)
+            info = {"drafter": drafter, "target": TARGET, "target_hparams": hparams,
+                    **kind.info(head, target_params, validation_windows), "training": log}
+            save_head(models_dir / out_name, jax.tree.map(np.asarray, head), info)
+        if time.perf_counter() - last_save > 60 * save_minutes or step == steps - 1:
+            save_state()
+            last_save = time.perf_counter()
+    print(f"wrote {models_dir / out_name} after {log['minutes']:.1f} min", flush=True)
+
+
+if __name__ == "__main__":
+    import fire
+
+    fire.Fire(main)
