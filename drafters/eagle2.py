@@ -114,7 +114,7 @@ class EagleTree(EagleDraft):
         features, tokens = true_features(self.target, x[:-1])[start:], self.paired_tokens(x)[start:]
         predicted = head_forward(features, tokens, self.head, self.wte, self.n_head, self.cache, start)
         grown = GrownTree()
-        self.expand(grown, [-1], predicted[-1:], n_drafts)
+        self.read_out(grown, [-1], predicted[-1:], n_drafts)
         n_prefix, fed = len(x) - 1, []  # the true pairs' slots; the expanded nodes, in slot order after them
         for depth in range(1, K):
             room = self.n_ctx - n_prefix - len(fed)  # the head's free slots
@@ -122,7 +122,7 @@ class EagleTree(EagleDraft):
             if not frontier:
                 break
             fed += frontier
-            self.expand(grown, frontier, self.feed_nodes(grown, fed, n_prefix, len(frontier)), n_drafts)
+            self.read_out(grown, frontier, self.feed_nodes(grown, fed, n_prefix, len(frontier)), n_drafts)
         return grown
 
     def feed_nodes(self, grown, fed, n_prefix, n_new):  # -> the head's predicted features [n_new, n_embd]
@@ -138,7 +138,7 @@ class EagleTree(EagleDraft):
         return head_forward(features, tokens, self.head, self.wte, self.n_head, self.cache, n_prefix + len(fed) - n_new,
                             mask)
 
-    def expand(self, grown, nodes, predicted, n_drafts):
+    def read_out(self, grown, nodes, predicted, n_drafts):
         """Each node's children, ranked by the head's raw log-softmax after it (predicted [len(nodes), n_embd])."""
         log_probs = log_softmax(predicted @ self.unembedding)  # [len(nodes), n_vocab], untempered
         for node, feature, row in zip(nodes, predicted, log_probs):

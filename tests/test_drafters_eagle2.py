@@ -12,11 +12,13 @@ import functools
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 import sampling
 from classroom import exact_law
 from conftest import bundled_pair_after
-from drafters.eagle import init_head
+from drafters import eagle2
+from drafters.eagle import head_forward, init_head
 from drafters.eagle2 import EagleTree, GrownTree, log_softmax, rerank
 from gpt2_cases import random_params
 from helpers import TINY, GPT2Problem, TinyGPT2Context
@@ -72,6 +74,20 @@ def test_each_nodes_log_probabilities_are_the_heads_chain_along_its_path(bundled
         path = path_of(grown.parents, grown.tokens, node)
         assert log_probs.dtype == np.float32 and len(path) == (0 if node == -1 else grown.depths[node])
         np.testing.assert_allclose(log_probs, chain_log_probs(target, head, tokens, path), rtol=1e-5, atol=1e-4)
+
+
+def test_the_head_runs_once_per_depth(bundled, monkeypatch):
+    """The frontier of each depth is fed to the head in one call; the root's call feeds the true pairs."""
+    tokens, target, head = bundled
+    calls = []  # the rows of each call
+
+    def counted(features, *arguments, **keywords):
+        calls.append(len(features))
+        return head_forward(features, *arguments, **keywords)
+
+    monkeypatch.setattr(eagle2, "head_forward", counted)
+    EagleTree(target, head, n_nodes=8).draft_tree(tokens, 4, 3, sampling.GREEDY, SpeculativeStats())
+    assert calls == [len(tokens) - 1, 3, 3, 3]
 
 
 def test_values_are_the_sums_of_the_log_probabilities_along_the_path(bundled):
@@ -143,8 +159,12 @@ def test_after_a_tree_the_head_gives_what_a_fresh_head_gives(bundled):
     np.testing.assert_array_equal(p_cached, p_fresh)  # the chain after a tree: the same as a fresh head's
 
 
-def test_greedy_tokens_equal_autoregressive_decoding_on_the_bundled_target(bundled):
+@pytest.mark.parametrize("layout", ["plain", "panels"])
+def test_greedy_tokens_equal_autoregressive_decoding_on_the_bundled_target(bundled, layout):
+    """The plain target, and one laid out in panels (engine.fast_model, as main.py builds it)."""
     tokens, target, head = bundled
+    if layout != "plain":
+        target = engine.fast_model(target.params, target.hparams, layout=layout)
     expected = sampling.autoregressive_sampling(tokens, target, 12, temperature=0)
     target.reset()
     stats = SpeculativeStats()
