@@ -46,13 +46,14 @@ def init_head(hparams, rng):
     return {"fc": fc, "block": one_block}
 
 
-def head_forward(features, tokens, head, wte, n_head, cache, start):  # [n, n_embd], [n] -> [n, n_embd]
+def head_forward(features, tokens, head, wte, n_head, cache, start, mask=None):  # [n, n_embd], [n] -> [n, n_embd]
     """The head's predicted features f^_{j+1} for the pairs (features[j], tokens[j]) at head slots start..; their keys
-    and values go to the head's cache (one (keys, values) pair of [n_head, n_ctx, head_dim]) at those slots."""
+    and values go to the head's cache (one (keys, values) pair of [n_head, n_ctx, head_dim]) at those slots. A chain
+    is causal; a token tree brings its own mask (kvcache/tree.tree_mask, drafters/eagle2.py)."""
     xp = gpt2.array_module(features)  # NumPy here; jax.numpy in tools/train_heads.py
     x = xp.concatenate([features, wte[tokens]], axis=-1)  # [n, 2*n_embd]
     x = gpt2.linear(x, **head["fc"])  # [n, 2*n_embd] -> [n, n_embd]
-    predicted, _ = gpt2.transformer_block(x, **head["block"], n_head=n_head, kv_cache=cache, start=start)
+    predicted, _ = gpt2.transformer_block(x, **head["block"], n_head=n_head, kv_cache=cache, start=start, mask=mask)
     return predicted  # [n, n_embd]
 
 
