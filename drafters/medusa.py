@@ -120,10 +120,12 @@ class MedusaDraft:
         if not isinstance(target, gpt2.GPT2Model):
             raise ValueError("Medusa's heads read a NumPy gpt2.GPT2Model's features: the target must be one")
         n_embd, n_heads = target.hparams["n_embd"], len(heads["heads"])
-        shapes = [(np.shape(head["w"]), np.shape(head["b"])) for head in heads["heads"]]
-        if n_heads < 1 or any(shape != ((n_embd, n_embd), (n_embd,)) for shape in shapes):
+        shapes = [(list(np.shape(head["w"])), list(np.shape(head["b"]))) for head in heads["heads"]]
+        wrong = [k for k, shape in enumerate(shapes) if shape != ([n_embd, n_embd], [n_embd])]
+        if n_heads < 1 or wrong:
+            got = f"head {wrong[0]} holds w {shapes[wrong[0]][0]} and b {shapes[wrong[0]][1]}" if wrong else "no head"
             raise ValueError(f"each head must hold w [{n_embd}, {n_embd}] and b [{n_embd}] for a target of n_embd "
-                             f"{n_embd}, got {[[list(w), list(b)] for w, b in shapes]}")
+                             f"{n_embd}, got {got}")
         if accuracies is not None:
             accuracies = np.asarray(accuracies, dtype=np.float64)
             if accuracies.ndim != 2 or len(accuracies) != n_heads or not np.all((accuracies >= 0) & (accuracies <= 1)):
