@@ -164,8 +164,10 @@ def test_p_is_each_heads_distribution_at_the_feature_that_produced_the_last_toke
     for K, expected_drafts in [(3, 3), (9, 4)]:  # min(K, n_heads)
         drafts, p = drafter.propose(tokens, K, settings, np.random.default_rng(0), stats)
         assert drafts.shape == (expected_drafts,) and p.shape == (expected_drafts, target.n_vocab)
-        assert p.dtype == np.float32 and np.count_nonzero(p[0]) <= 40 and all(p[t][drafts[t]] > 0 for t in range(expected_drafts))
-        states, _ = gpt2.hidden_states(tokens[:-1], **target.params, n_head=target.hparams["n_head"], cache=None, start=0)
+        assert p.dtype == np.float32 and np.count_nonzero(p[0]) <= 40
+        assert all(p[t][drafts[t]] > 0 for t in range(expected_drafts))
+        states, _ = gpt2.hidden_states(tokens[:-1], **target.params, n_head=target.hparams["n_head"], cache=None,
+                                       start=0)
         feature = states[-1][-1]  # f_{n-2}, after ln_f
         expected = sampling.logits_to_probs(by_hand(feature, heads, target.params["wte"])[:expected_drafts], settings)
         np.testing.assert_allclose(p, expected, atol=1e-5)
@@ -289,7 +291,8 @@ def test_bad_targets_heads_accuracies_and_budgets_are_refused(bundled):
     _, target, heads = bundled
     bad = [((lossless.CachedTableModel(lossless.random_context_table(4, 0)), heads), {}, "gpt2.GPT2Model"),
            ((target, init_heads({"n_embd": 64}, 2, np.random.default_rng(0))), {},
-            r"each head must hold w \[384, 384\] and b \[384\] for a target of n_embd 384, got head 0 holds w \[64, 64\] and b \[64\]"),
+            r"each head must hold w \[384, 384\] and b \[384\] for a target of n_embd 384, got head 0 holds w "
+            r"\[64, 64\] and b \[64\]"),
            ((target, {"heads": []}), {}, "each head must hold .*, got no head"),
            ((target, heads), {"accuracies": np.ones((3, 2))}, r"accuracies must be \[4, top\]"),
            ((target, heads), {"accuracies": np.full((4, 2), 1.5)}, "accuracies must be"),
