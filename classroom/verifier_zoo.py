@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from classroom import lossless
+from classroom import exact_law, lossless
 from classroom.bug_zoo import Patch, Variant
-from sampling import SamplingSettings, draw_drafts, sample, timed_probs
+from sampling import SamplingSettings, draw_drafts, is_real, sample, timed_probs
 from verifiers import block, multi_draft, tree
 from verifiers.loop import Loop, decode
 
@@ -172,6 +172,19 @@ def typical_example():
 
     return lossless.Problem("q = (0.6, 0.4), p = (0.9, 0.1), K=2, N=3", constant([0.9, 0.1]), constant([0.6, 0.4]),
                             (0,), 3, 2, SamplingSettings(), False, n_samples=1500)
+
+
+def typical_total_variation(epsilon, delta, problem=None):  # -> a float, 0 for an exact verifier
+    """The exact total variation between typical acceptance's output (thresholds epsilon and delta) and the
+    target's law, by classroom/exact_law's oracle on problem (None: typical_example()).
+
+    A threshold above every probability the target gives rejects every draft, and then (only then) the output is
+    the target's: lossless and useless."""
+    if not all(is_real(value) and value >= 0 for value in (epsilon, delta)):
+        raise ValueError(f"epsilon and delta must be non-negative numbers, got {epsilon!r} and {delta!r}")
+    problem = typical_example() if problem is None else problem
+    return exact_law.check_exact(typical_acceptance_sampling, problems=[problem], epsilon=epsilon,
+                                 delta=delta).max_tv
 
 
 @dataclass(frozen=True)

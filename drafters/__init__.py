@@ -3,11 +3,13 @@
 early_exit.py: the target's first L layers read out through its own final norm and unembedding (Draft & Verify,
 arXiv 2309.08168; LayerSkip, arXiv 2404.16710), sharing the target's KV cache; untrained. eagle.py: EAGLE's draft
 head (arXiv 2401.15077), one block that predicts the target's next feature from its feature and the next token,
-with a KV cache of its own; untrained here. eagle2.py: EAGLE-2's dynamic draft tree (arXiv 2406.16858), the same
-head growing a tree by its own confidence within a node budget (`draft_tree`, verifiers/tree.py's drafts="dynamic").
-A drafter plugs into the loop as speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts,
-p), so sampling.py and verifiers/ stay as they are; the target's features a drafter reads come from
-gpt2.hidden_states.
+with a KV cache of its own. eagle2.py: EAGLE-2's dynamic draft tree (arXiv 2406.16858), the same head growing a
+tree by its own confidence within a node budget. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a residual
+block on the target's feature predicting a token further ahead, drafting a chain or a sparse tree. A drafter plugs
+into the loop as speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts, p), and a tree
+drafter through `draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are;
+the target's features a drafter reads come from drafters/features.py. Their heads are trained by
+tools/train_heads.py and kept on disk by drafters/heads.py.
 
 Why an untrained exit accepts little: ln_f and the unembedding were trained to read the residual stream after the
 last layer only. After L < n_layer layers the stream has not yet been turned into a next-token prediction, and

@@ -11,8 +11,10 @@ import re
 import numpy as np
 import pytest
 
+import sampling
 from classroom import bug_zoo, exact_law, lossless, verifier_zoo
 from conftest import REPO
+from verifiers.block import block_speculative_sampling
 
 NAMES = list(verifier_zoo.ZOO)
 
@@ -115,6 +117,20 @@ def test_typical_acceptance_is_lossy_by_design_every_draft_kept_and_the_output_f
     check = exact_law.check_exact(exhibit.decoder, problems=[problem])
     assert not check.passed and check.max_tv == pytest.approx(0.45, abs=1e-6), check.report
     assert not lossless.check_lossless(exhibit.decoder, stop_at_failure=True).passed
+
+
+def test_typical_acceptance_moves_the_law_for_every_threshold_that_keeps_a_draft_and_the_exact_verifiers_do_not():
+    """q = (0.6, 0.4), p = (0.9, 0.1): Medusa's defaults and a zero threshold keep every draft (0.45); a threshold of
+    0.5 keeps only token 0's drafts, further from q; one of 0.7 keeps none, the target's own tokens (0)."""
+    tv = {setting: verifier_zoo.typical_total_variation(*setting) for setting in [(0.09, 0.3), (0, 0), (0.5, 1.0),
+                                                                                 (0.7, 2.0)]}
+    assert tv[(0.09, 0.3)] == pytest.approx(0.45, abs=1e-6) and tv[(0, 0)] == pytest.approx(0.45, abs=1e-6)
+    assert tv[(0.5, 1.0)] > 0.5 and tv[(0.7, 2.0)] == 0
+    problem = verifier_zoo.typical_example()
+    for exact in (sampling.speculative_sampling, block_speculative_sampling):
+        assert exact_law.check_exact(exact, problems=[problem]).max_tv <= exact_law.TV_TOLERANCE
+    with pytest.raises(ValueError, match="epsilon and delta must be non-negative numbers, got -0.1 and 0.3"):
+        verifier_zoo.typical_total_variation(-0.1, 0.3)
 
 
 def test_the_readme_and_the_docstrings_quote_the_zoo_s_range_of_total_variation():

@@ -1,0 +1,181 @@
+"""Medusa's heads as a drafter: a chain, or a sparse tree of the heads' top tokens.
+
+Put the paper beside this file: Medusa (Cai et al. 2024, arXiv 2401.10774), Medusa-1 (the target frozen). The
+target's feature f_t is its state after ln_f at position t, the vector its unembedding reads to predict token t+1.
+Head k (k = 1..n_heads) reads the same f_t and predicts token t+k+1, through one residual block of its own:
+
+    h_k = f_t + SiLU(f_t @ w_k + b_k)                 [n_embd] -> [n_embd]
+    p_k = logits_to_probs(h_k @ wte.T)                  read out through the target's unembedding
+
+Medusa-1 gives each head an LM head of its own, initialised as a copy of the target's; here every head reads out
+through the target's frozen unembedding, shared, because at n_vocab 4096 a copy per head would cost more memory
+than the heads' blocks and the target's readout is what a copy starts from anyway. The heads are separate objects,
+each with its own arrays (Medusa PR #133: one block object had been shared by every head).
+
+Indexing: with x of n tokens, the target's feature at position n-2 is the one that produced x's last token
+(Medusa's root: the target's own next token), so head k at f_{n-2} drafts x_{n-1+k}: head 1 drafts x_n, head 2
+x_{n+1}, and so on. head_targets pairs features and labels the same way for training.
+
+Drafting never feeds a draft back: the heads' p do not depend on the earlier drafts, so a chain of min(K, n_heads)
+tokens is drawn at once, token k from head k's p (sampling.sample from exactly the p returned: Algorithm 2's
+exactness). The tree (`draft_tree`, verifiers/tree.py's drafts="dynamic") is Medusa's sparse candidate tree:
+from each head's top n_drafts tokens, the n_nodes paths of highest expected acceptance, a path's being the product
+along it of the probability that head k's rank-th token is right. Chosen tokens are verified by the one-hot rule,
+exact whatever ranked them. Medusa's typical acceptance (lossy) is not used here: classroom/verifier_zoo.py
+exhibits it, and its typical_total_variation measures how far it moves the output from the target.
+
+Cost: the heads read one feature, so a proposal is one [n_embd] block and one readout per head. The feature is
+recomputed here by a separate forward of the target (drafters/features.true_features), not yet taken from the
+verification call that computed it anyway.
+"""
+
+import heapq
+import time
+
+import numpy as np
+
+import gpt2
+import sampling
+from drafters.features import true_features
+from verifiers.tree import TokenTree
+
+LOSS_DECAY = 0.8  # Medusa-1's loss weights lambda_k = 0.8^k: a far head's loss counts less, its token is harder
+DEFAULT_N_NODES = 8  # small: on a CPU a tree of n nodes costs about a chain of n tokens to verify
+
+
+def init_heads(hparams, n_heads, rng):
+    """n_heads heads for a target of hparams' n_embd, each its own arrays, initialised as Medusa's ResBlock is: w
+    zero (so every head starts at the target's own prediction from its feature, shifted by SiLU(b_k)), b as
+    PyTorch's nn.Linear draws it, uniform in +-1/sqrt(n_embd)."""
+    if not (sampling.is_integer(n_heads) and n_heads >= 1):
+        raise ValueError(f"n_heads must be a positive integer, got {n_heads!r}")
+    n_embd = hparams["n_embd"]
+    bound = 1 / np.sqrt(n_embd)
+    return {"heads": [{"w": np.zeros((n_embd, n_embd), np.float32),
+                       "b": rng.uniform(-bound, bound, n_embd).astype(np.float32)} for _ in range(n_heads)]}
+
+
+def silu(x):  # [...] -> [...]; x sigmoid(x), written with tanh so that no exp overflows
+    return 0.5 * x * (1 + gpt2.array_module(x).tanh(0.5 * x))
+
+
+def head_logits(features, heads, unembedding):  # [..., n_embd] -> [..., n_heads, n_vocab]
+    """Every head's logits at each feature, on NumPy or jax.numpy arrays alike (tools/train_heads.py takes its
+    gradient with JAX)."""
+    states = [features + silu(features @ head["w"] + head["b"]) for head in heads["heads"]]  # h_k, [..., n_embd]
+    xp = gpt2.array_module(states[0])  # from a result: NumPy features with JAX heads give JAX arrays
+    return xp.stack(states, axis=-2) @ unembedding  # [..., n_heads, n_embd] -> [..., n_heads, n_vocab]
+
+
+def head_targets(tokens, n_heads):  # [..., T] -> [..., T-1-n_heads, n_heads]
+    """Head k's label at feature position i is tokens[i+1+k] (the target's own at i is tokens[i+1]); the features
+    at positions 0..T-2-n_heads are the ones with a label for every head."""
+    m = tokens.shape[-1] - 1 - n_heads
+    if m < 1:
+        raise ValueError(f"a sequence of {tokens.shape[-1]} tokens has no feature with labels for {n_heads} heads")
+    xp = gpt2.array_module(tokens)
+    return xp.stack([tokens[..., 1 + k:1 + k + m] for k in range(1, n_heads + 1)], axis=-1)
+
+
+def loss_weights(n_heads):  # -> [n_heads] float32: lambda_k = 0.8^k, k = 1..n_heads
+    return (LOSS_DECAY ** np.arange(1, n_heads + 1)).astype(np.float32)
+
+
+def head_loss(features, labels, heads, unembedding):  # [m, n_embd], [m, n_heads] -> a scalar
+    """Medusa-1's loss: sum over heads of lambda_k times head k's cross-entropy, averaged over the features."""
+    logits = head_logits(features, heads, unembedding)  # [m, n_heads, n_vocab]
+    xp = gpt2.array_module(logits)
+    top = logits.max(axis=-1, keepdims=True)
+    log_probs = logits - top - xp.log(xp.exp(logits - top).sum(axis=-1, keepdims=True))
+    picked = xp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # [m, n_heads]
+    return -(picked.mean(axis=0) * loss_weights(len(heads["heads"]))).sum()
+
+
+def best_paths(confidence, n_nodes):  # [depth, top] -> up to n_nodes tuples of ranks, each after its parent
+    """The n_nodes paths (r_1, .., r_d), d <= depth, of highest product of confidence[k-1][r_k]: Medusa's expected
+    acceptance of a path. A child's product never exceeds its parent's, so the best paths hold their ancestors,
+    and a best-first search finds them parents first. Paths of product zero are never kept."""
+    frontier = [(-float(c), (rank,)) for rank, c in enumerate(confidence[0]) if c > 0]
+    heapq.heapify(frontier)
+    kept = []
+    while frontier and len(kept) < n_nodes:
+        negative_score, path = heapq.heappop(frontier)
+        kept.append(path)
+        if len(path) < len(confidence):
+            for rank, c in enumerate(confidence[len(path)]):
+                if c > 0:
+                    heapq.heappush(frontier, (negative_score * float(c), (*path, rank)))
+    return kept
+
+
+class MedusaDraft:
+    """Medusa's heads (init_heads' nesting) on a gpt2.GPT2Model target, whose params it reads and whose cache it
+    never touches. `propose` is sampling.draw_drafts' contract, `draft_tree` verifiers/tree.py's "dynamic" one.
+
+    accuracies: [n_heads, top], the measured probability that head k's rank-th token is right (tools/train_heads.py
+    measures it); None: the heads' own probabilities of their tokens stand in for it. n_nodes: the tree's budget.
+    """
+
+    def __init__(self, target, heads, accuracies=None, n_nodes=DEFAULT_N_NODES):
+        if not isinstance(target, gpt2.GPT2Model):
+            raise ValueError("Medusa's heads read a NumPy gpt2.GPT2Model's features: the target must be one")
+        n_embd, n_heads = target.hparams["n_embd"], len(heads["heads"])
+        shapes = [(list(np.shape(head["w"])), list(np.shape(head["b"]))) for head in heads["heads"]]
+        wrong = [k for k, shape in enumerate(shapes) if shape != ([n_embd, n_embd], [n_embd])]
+        if n_heads < 1 or wrong:
+            got = f"head {wrong[0]} holds w {shapes[wrong[0]][0]} and b {shapes[wrong[0]][1]}" if wrong else "no head"
+            raise ValueError(f"each head must hold w [{n_embd}, {n_embd}] and b [{n_embd}] for a target of n_embd "
+                             f"{n_embd}, got {got}")
+        if accuracies is not None:
+            accuracies = np.asarray(accuracies, dtype=np.float64)
+            if accuracies.ndim != 2 or len(accuracies) != n_heads or not np.all((accuracies >= 0) & (accuracies <= 1)):
+                raise ValueError(f"accuracies must be [{n_heads}, top] probabilities (one row per head), got "
+                                 f"shape {list(accuracies.shape)}")
+        if not (sampling.is_integer(n_nodes) and n_nodes >= 1):
+            raise ValueError(f"n_nodes must be a positive integer, got {n_nodes!r}")
+        self.target, self.heads, self.accuracies, self.n_nodes = target, heads, accuracies, int(n_nodes)
+        self.n_vocab, self.n_ctx, self.n_heads = target.n_vocab, target.n_ctx, n_heads
+        self.unembedding = target.params["wte"].T if target.unembedding is None else target.unembedding
+
+    def reset(self):
+        """Nothing to forget: the heads keep no cache, the feature is read afresh at every proposal."""
+
+    def depth(self, x, K):  # -> how many heads draft after x: none before x has a feature at n-2
+        return min(K, self.n_heads) if len(x) >= 2 else 0
+
+    def logits_after(self, x, depth):  # -> [depth, n_vocab]: heads 1..depth at the feature that produced x[-1]
+        feature = true_features(self.target, x[:-1])[-1]  # f_{n-2}, [n_embd]
+        return head_logits(feature, {"heads": self.heads["heads"][:depth]}, self.unembedding)
+
+    def propose(self, x, K, settings, rng, stats):  # -> drafts [min(K, n_heads) or 0], p [same, n_vocab]
+        """Token k drawn from head k's p; the heads read no draft, so all are drawn from one feature."""
+        started = time.perf_counter()
+        x = np.asarray(x, dtype=np.int64)
+        depth = self.depth(x, K)
+        p = np.zeros((0, self.n_vocab), np.float32)
+        if depth:
+            p = sampling.logits_to_probs(self.logits_after(x, depth), settings)
+        drafts = [sampling.sample(row, rng) for row in p]  # in head order, each from exactly its row of p
+        stats.record_call("draft", time.perf_counter() - started, steps=depth)  # a step: one head read out
+        return np.array(drafts, dtype=np.int64), p
+
+    def draft_tree(self, x, K, n_drafts, settings, stats):  # -> TokenTree of chosen tokens, depth min(K, n_heads)
+        """Medusa's sparse tree: each head's top n_drafts tokens by its untempered p, and the n_nodes paths of
+        highest expected acceptance. settings is not read: chosen tokens are verified by the one-hot rule, which
+        is exact whatever ranked them, and an untempered ranking keeps the tree at temperature 0."""
+        started = time.perf_counter()
+        x = np.asarray(x, dtype=np.int64)
+        depth, tree = self.depth(x, K), TokenTree()
+        if self.accuracies is not None and n_drafts > self.accuracies.shape[1]:
+            raise ValueError(f"n_drafts {n_drafts} asks for more ranks than the {self.accuracies.shape[1]} the heads' "
+                             "accuracies were measured for")
+        if depth:
+            probs = sampling.softmax(self.logits_after(x, depth).astype(np.float64))  # [depth, n_vocab]
+            ranked = np.argsort(-probs, axis=-1, kind="stable")[:, :n_drafts]  # most likely first, ties to lowest id
+            own = np.take_along_axis(probs, ranked, axis=-1)  # [depth, n_drafts]
+            confidence = own if self.accuracies is None else np.where(own > 0, self.accuracies[:depth, :n_drafts], 0)
+            nodes = {(): -1}
+            for path in best_paths(confidence, self.n_nodes):
+                nodes[path] = tree.add_choice(nodes[path[:-1]], ranked[len(path) - 1, path[-1]])
+        stats.record_call("draft", time.perf_counter() - started, steps=depth)
+        return tree
