@@ -33,6 +33,7 @@ draft's own prefix.
 """
 
 import functools
+import numbers
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class AdaptedEarlyExit(EarlyExit):
     def __init__(self, target, adapter, exit_layer=None, confidence_threshold=0.0):
         super().__init__(target, exit_layer)
         check_adapter(adapter, target.hparams["n_embd"])
-        if isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, (int, float)) or not (
+        if isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, numbers.Real) or not (
                 0 <= confidence_threshold <= 1):
             raise ValueError(f"the confidence threshold must be a number in [0, 1], got {confidence_threshold!r}")
         self.adapter, self.confidence_threshold = adapter, float(confidence_threshold)
