@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 import sampling
 from classroom import exact_law, lossless
@@ -121,9 +122,13 @@ def test_the_planted_bug_reads_the_slot_the_adapter_never_wrote(bundled):
     assert np.abs(p - expected).max() > 1e-3
 
 
-@pytest.mark.parametrize("confidence_threshold", [0.0, 0.5])
-def test_greedy_tokens_equal_autoregressive_decoding(bundled, confidence_threshold):
+@pytest.mark.parametrize("layout, confidence_threshold", [("plain", 0.0), ("plain", 0.5), ("panels", 0.0)])
+def test_greedy_tokens_equal_autoregressive_decoding(bundled, layout, confidence_threshold):
+    """The plain target, and one laid out in panels (engine.fast_model, as main.py builds it): the adapted state is
+    read out through either unembedding."""
     tokens, target, adapter = bundled
+    if layout != "plain":
+        target = engine.fast_model(target.params, target.hparams, layout=layout)
     assert_greedy_equals_autoregressive(tokens, AdaptedEarlyExit(target, adapter, EXIT_LAYER, confidence_threshold),
                                         target)
 
