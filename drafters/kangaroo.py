@@ -44,10 +44,9 @@ from kvcache.contract import common_prefix_length
 
 def adapter_shapes(n_embd):  # -> the adapter's parts, nested and named as in a GPT-2 block, with their shapes
     norm = {"g": (n_embd,), "b": (n_embd,)}
-    return {"ln_1": norm,
-            "attn": {"c_attn": {"w": (n_embd, 3 * n_embd), "b": (3 * n_embd,)}, "c_proj": {"w": (n_embd, n_embd),
-                                                                                       "b": (n_embd,)}},
-            "ln_f": norm}
+    c_attn = {"w": (n_embd, 3 * n_embd), "b": (3 * n_embd,)}  # [n, n_embd] -> q, k and v [n, 3*n_embd]
+    c_proj = {"w": (n_embd, n_embd), "b": (n_embd,)}  # the heads merged [n, n_embd] -> [n, n_embd]
+    return {"ln_1": norm, "attn": {"c_attn": c_attn, "c_proj": c_proj}, "ln_f": norm}
 
 
 def leaves(tree, path=()):  # nested dicts -> (path, leaf) pairs, path a tuple of keys
