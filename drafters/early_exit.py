@@ -60,12 +60,20 @@ class EarlyExit:
         self.target, self.exit_layer = target, int(exit_layer)
         self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
         self.params = {**target.params, "blocks": target.params["blocks"][:self.exit_layer]}  # views, not copies
+        self.n_head = target.hparams["n_head"]
+        self.unembedding = target.params["wte"].T if target.unembedding is None else target.unembedding
+
+    def exit_states(self, tokens, start):  # [n] fed at positions start.. -> h_L, ln_f(h_L): 2 x [n, n_embd]
+        """The residual stream after the first exit_layer blocks, and the target's ln_f of it, for tokens fed after
+        the first `start` cached positions; their keys and values go to the target's cache slots start.. of layers
+        < exit_layer."""
+        gpt2.check_inputs(tokens, start, self.n_vocab, self.n_ctx, cached=True)
+        states, _ = gpt2.hidden_states(tokens, **self.params, n_head=self.n_head,
+                                       cache=self.target.cache[:self.exit_layer], start=start, taps=(self.exit_layer,))
+        return states
 
     def exit_logits(self, tokens, start):  # [n] fed at positions start.. -> [n, n_vocab]
-        """The exit's logits for tokens fed after the first `start` cached positions; their keys and values go to
-        the target's cache slots start.. of layers < exit_layer."""
-        return gpt2.gpt2(tokens, **self.params, n_head=self.target.hparams["n_head"],
-                         cache=self.target.cache[:self.exit_layer], start=start, unembedding=self.target.unembedding)
+        return self.exit_states(tokens, start)[-1] @ self.unembedding  # gpt2.gpt2's read-out, cut after L blocks
 
     def resume(self, x, n_last):  # -> (the cache position to feed from, the tokens of x to feed there)
         """Resume after the target's cached prefix of x, and cut the target's record back to where the draft writes."""
@@ -81,19 +89,28 @@ class EarlyExit:
         start, new_tokens = self.resume(x, n_last)
         return self.exit_logits(new_tokens, start)[-n_last:]
 
-    def propose(self, x, K, settings, rng, stats):  # -> drafts [K], p [K, n_vocab]
-        """K tokens drawn one by one from the exit's p, each fed back for the next; the last is never fed."""
+    def propose(self, x, K, settings, rng, stats):  # -> drafts [<= K], p [<= K, n_vocab]
+        """Up to K tokens drawn one by one from the exit's p, each fed back for the next; the last is never fed. The
+        chain stops early where keeps_drafting says so."""
         started = time.perf_counter()
         x = np.asarray(x, dtype=np.int64)
         drafts, p = [], []
         if K > 0:
             start, new_tokens = self.resume(x, n_last=1)
         for _ in range(K):
-            p.append(sampling.logits_to_probs(self.exit_logits(new_tokens, start)[-1], settings))
+            logits = self.exit_logits(new_tokens, start)[-1]
+            p.append(sampling.logits_to_probs(logits, settings))
             drafts.append(sampling.sample(p[-1], rng))  # drawn from exactly the p that enters q/p
+            if not self.keeps_drafting(logits):
+                break
             start, new_tokens = start + len(new_tokens), np.array(drafts[-1:], dtype=np.int64)
-        stats.record_call("draft", time.perf_counter() - started, steps=K)
-        return np.array(drafts, dtype=np.int64), np.array(p, dtype=np.float32).reshape(K, self.n_vocab)
+        stats.record_call("draft", time.perf_counter() - started, steps=len(drafts))
+        return np.array(drafts, dtype=np.int64), np.array(p, dtype=np.float32).reshape(len(drafts), self.n_vocab)
+
+    def keeps_drafting(self, logits):
+        """Whether to draft after the token these logits gave: always, for the untrained exit (Kangaroo stops a chain
+        whose confidence falls: drafters/kangaroo.py)."""
+        return True
 
     def reset(self):
         """Nothing of its own to forget: the cache and its record are the target's (reset with the target)."""
