@@ -28,7 +28,9 @@ verification its cache holds x[:-1] (the accepted drafts were fed in that call),
 (drafters/features.true_features) and runs no forward of the target at all. The one exception is the first proposal
 after a prompt: the target has not read the prompt yet, so true_features feeds x[:-1] through the target's cache
 (timed as the draft's, since propose runs it), and the first verification resumes after it: the prompt is still read
-once. What a proposal costs beyond that is the head's K steps, one block each.
+once. What a proposal costs beyond that is the head's: refeeding its rolled-back slots, then K steps of one block and
+the unembedding each. (A target built with use_cache=False keeps no features: true_features then runs a separate
+forward at every proposal, as that target recomputes everything at every call anyway.)
 """
 
 import time
