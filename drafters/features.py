@@ -16,7 +16,9 @@ def true_features(target, x):  # [n] -> [n, n_embd], a copy
 
     A cached target's rows for x are read from its `features`. What its cache lacks of x (a prompt it has not read
     yet) is fed through the cache first, as logits(x) feeds it: the next verification, reading x and the drafts,
-    then resumes after x, so nothing is computed twice. A target without a cache keeps no features: they are
+    then resumes after x, so nothing is computed twice. Ask for the positions a verification has fed: after one, the
+    target holds the sequence but its newest token, which no call has fed yet (asking for that one feeds it, and the
+    next verification, which needs its logits, feeds it again). A target without a cache keeps no features: they are
     computed by a separate forward, as that target recomputes everything at every call anyway.
     """
     x = np.asarray(x, dtype=np.int64)
