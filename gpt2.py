@@ -13,7 +13,8 @@ float64) and the one difference in the model math, how a KV cache is written, si
 
 The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
 cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
-`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs (kvcache/contract.py).
+`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs (kvcache/contract.py), and
+keeps beside the cache the state after ln_f of every slot it fed, the features a drafter reads (drafters/features.py).
 A token tree of drafts is the same call with the nodes' positions by depth and a mask from the tree's ancestry
 (kvcache/tree.py): `GPT2Model.tree_logits`, then `keep_tree_path`. How fast the products run is not this file's
 concern: engine.fast_model gives a GPT2Model whose weight matrices are laid out for this machine's CPU.
@@ -168,8 +169,11 @@ def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembe
                     mask=None):
     """gpt2() that also returns the updated cache (JAX's buffers are new arrays, not updated in place)."""
     states, new_cache = hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions, mask)
-    unembedding = wte.T if unembedding is None else unembedding  # tied to the token embedding
-    return states[-1] @ unembedding, new_cache  # [n_seq, n_embd] -> [n_seq, n_vocab]
+    return unembed(states[-1], wte, unembedding), new_cache
+
+
+def unembed(features, wte, unembedding=None):  # [n_seq, n_embd] -> [n_seq, n_vocab]
+    return features @ (wte.T if unembedding is None else unembedding)  # tied to the token embedding
 
 
 def hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions=None, mask=None, taps=()):
@@ -216,6 +220,10 @@ class GPT2Model(CachedModel):
     sequence. Without a cache it recomputes the whole sequence, as jaymody/speculative-sampling does.
     It multiplies params as they are (the checkpoint's arrays: the reference path); engine.fast_model lays
     them out for this machine first (`unembedding`, then, is wte.T in another layout).
+
+    `features` [n_ctx, n_embd] float32: the state after ln_f (what the unembedding reads) of the token in each cache
+    slot, written by the same forward pass that writes the slot's keys and values, and valid exactly where
+    `cached_tokens` is. Without a cache there is none (None): nothing is kept between calls.
     """
 
     def __init__(self, params, hparams, use_cache=True, unembedding=None):
@@ -226,11 +234,18 @@ class GPT2Model(CachedModel):
     def reset(self):
         """Forget everything cached (start a new sequence)."""
         self.cache = empty_cache(self.hparams) if self.use_cache else None
+        self.features = np.zeros((self.n_ctx, self.hparams["n_embd"]), np.float32) if self.use_cache else None
         super().reset()
 
     def forward(self, tokens, start=0, positions=None, mask=None):  # [n] -> [n, n_vocab], through the cache
-        return gpt2(tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
-                    unembedding=self.unembedding, positions=positions, mask=mask)
+        """gpt2(); with a cache, the tokens' features go to slots start.. as their keys and values do."""
+        wte, wpe = self.params["wte"], self.params["wpe"]
+        check_inputs(tokens, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=self.use_cache)
+        states, _ = hidden_states(tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
+                                  positions=positions, mask=mask)
+        if self.use_cache:
+            self.features[start:start + len(tokens)] = states[-1]  # [n, n_embd]
+        return unembed(states[-1], wte, self.unembedding)
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
         x = np.array(x, dtype=np.int64)  # a copy: the caller may change its array after we cache it
@@ -251,8 +266,9 @@ class GPT2Model(CachedModel):
     def tree_logits(self, x, tokens, parents):  # [n_seq], [n], [n] -> [n + 1, n_vocab]
         """The logits after x (row 0) and after x followed by each node's path down the tree (row 1 + i), in one call:
         parents[i] is -1 for a child of x's last token, else an earlier node. x's last token is fed again (as
-        logits(x, n_last=1) would) beside the n nodes; the nodes' keys and values go to cache slots len(x).. as
-        scratch, until keep_tree_path moves the accepted path's into place. Without a cache, x is recomputed.
+        logits(x, n_last=1) would) beside the n nodes; the nodes' keys, values and features go to cache slots
+        len(x).. as scratch, until keep_tree_path moves the accepted path's into place. Without a cache, x is
+        recomputed.
         """
         x = np.array(x, dtype=np.int64)
         tokens, parents = check_tree(tokens, parents, self.n_vocab)
@@ -269,8 +285,9 @@ class GPT2Model(CachedModel):
 
     def keep_tree_path(self, nodes):
         """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x: its
-        keys and values move to their depths' slots, the rest are dropped. Without a cache there is nothing to keep."""
+        keys and values and features move to their depths' slots, the rest are dropped. Without a cache there is nothing
+        to keep."""
         x, tokens, nodes = self.take_tree_path(nodes)
         if self.use_cache:
-            move_path(self.cache, len(x), nodes)
+            move_path([buffer for layer in self.cache for buffer in layer] + [self.features], len(x), nodes)
             self.cached_tokens = np.concatenate([x, tokens[nodes]])

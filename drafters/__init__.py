@@ -9,9 +9,9 @@ with a KV cache of its own. eagle2.py: EAGLE-2's dynamic draft tree (arXiv 2406.
 tree by its own confidence within a node budget. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a residual
 block on the target's feature predicting a token further ahead, drafting a chain or a sparse tree. A drafter plugs
 into the loop as speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts, p), and a tree
-drafter through `draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are;
-the target's features a drafter reads come from drafters/features.py. Their heads are trained by
-tools/train_heads.py and kept on disk by drafters/heads.py.
+drafter through `draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are.
+The target's features come from drafters/features.true_features, which reads the rows gpt2.GPT2Model keeps beside
+its KV cache. The heads are trained by tools/train_heads.py and kept on disk by drafters/heads.py.
 
 Why an untrained exit accepts little: ln_f and the unembedding were trained to read the residual stream after the
 last layer only. After L < n_layer layers the stream has not yet been turned into a next-token prediction, and

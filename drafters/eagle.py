@@ -22,9 +22,15 @@ made by sampling.logits_to_probs with the run's settings. How the head is wired,
 acceptance only (tests/test_drafters_eagle.py plants an off-by-one pairing, f_i beside x_i, and the oracle still
 passes it). This head is untrained (init_head: random).
 
-Cost, honestly: EAGLE reuses the features the verification call computes anyway. Here the drafter recomputes the
-target's features for x[:-1] with a separate forward of the target (no cache, the target's cache untouched) at
-every proposal; wiring the verification call's features out of GPT2Model is the next step.
+Cost, honestly: EAGLE reuses the features the verification call computes anyway, and so does this drafter. The target
+(gpt2.GPT2Model) keeps the state after ln_f of every cache slot it feeds, beside its keys and values; after a
+verification its cache holds x[:-1] (the accepted drafts were fed in that call), so the drafter reads those rows
+(drafters/features.true_features) and runs no forward of the target at all. The one exception is the first proposal
+after a prompt: the target has not read the prompt yet, so true_features feeds x[:-1] through the target's cache
+(timed as the draft's, since propose runs it), and the first verification resumes after it: the prompt is still read
+once. What a proposal costs beyond that is the head's: refeeding its rolled-back slots, then K steps of one block and
+the unembedding each. (A target built with use_cache=False keeps no features: true_features then runs a separate
+forward at every proposal, as that target recomputes everything at every call anyway.)
 """
 
 import time
@@ -58,8 +64,9 @@ def head_forward(features, tokens, head, wte, n_head, cache, start, mask=None): 
 
 
 class EagleDraft:
-    """EAGLE's head (init_head's nesting) drafting a chain for a gpt2.GPT2Model target, whose params it reads and
-    whose cache it never touches. `propose` is sampling.draw_drafts' contract."""
+    """EAGLE's head (init_head's nesting) drafting a chain for a gpt2.GPT2Model target, whose features and unembedding
+    it reads (feeding the target's cache only what it lacks of x, as the next verification would). `propose` is
+    sampling.draw_drafts' contract."""
 
     def __init__(self, target, head):
         if not isinstance(target, gpt2.GPT2Model):

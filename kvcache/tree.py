@@ -4,7 +4,8 @@ A tree after x: node i (tokens[i], parent parents[i], -1 for a child of the root
 len(x) + depth - 1, its keys and values in cache slot len(x) + i; it sees x, its ancestors and itself. So the
 forward pass needs only two small generalisations, both in gpt2.gpt2: the nodes' `positions` (by depth, not by
 slot) and an attention `mask` from the tree's ancestry (tree_mask). After verification, keep_tree_path moves the
-accepted path's keys and values to their depths' slots (move_path; EAGLE copies them likewise).
+accepted path's keys and values (and the target's features) to their depths' slots (move_path; EAGLE copies them
+likewise).
 """
 
 import numpy as np
@@ -73,8 +74,9 @@ def check_tree_path(nodes, parents):  # -> nodes [m] int64
     return nodes
 
 
-def move_path(cache, n_prefix, nodes):  # cache: n_layer x ([n_head, n_ctx, d], same), NumPy, updated in place
-    """The accepted path's keys and values from the nodes' slots n_prefix + nodes to their depths' slots."""
+def move_path(buffers, n_prefix, nodes):  # buffers: NumPy arrays [..., n_ctx, d] indexed by cache slot, in place
+    """The accepted path's rows from the nodes' slots n_prefix + nodes to their depths' slots, in every buffer: each
+    layer's keys and values ([n_head, n_ctx, head_dim]) and the target's features ([n_ctx, n_embd], gpt2.GPT2Model)."""
     kept = slice(n_prefix, n_prefix + len(nodes))  # the fancy index on the right copies before the write
-    for keys, values in cache:
-        keys[:, kept], values[:, kept] = keys[:, n_prefix + nodes], values[:, n_prefix + nodes]
+    for buffer in buffers:
+        buffer[..., kept, :] = buffer[..., n_prefix + nodes, :]

@@ -355,3 +355,16 @@ def test_lookup_prompts_end_where_the_vocabulary_cuts_the_text():
     assert text.startswith(function + "\n" + 'def f(x):\n    """Twice x: caf\u00e9."""\n')  # the restart lines
     assert text.endswith("\n   ") and encoder.decode(list(rest)) == " return x * 2\n"  # the line break and indent
     assert encoder.encode(text)[-1] != encoder.encode("\n")[0]  # not the lone line break that encoding apart ends on
+
+
+def test_features_bench_times_the_kept_features_beside_the_logits_alone():
+    command = [sys.executable, str(REPO / "bench" / "features.py"), "--rounds", "2", "--calls", "2", "--prompt_tokens",
+               "8"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout)
+    assert result["logits_identical"] and result["blas_threads"] == 1 and "family" in result["machine"]
+    for call in ("decode_step", "verify_5"):
+        row = result[call]
+        assert row["with_features_ms"] > 0 and row["logits_only_ms"] > 0
+        assert row["ratio"]["range"][0] <= row["ratio"]["median"] <= row["ratio"]["range"][1]
