@@ -47,3 +47,27 @@ def test_another_drafters_head_or_a_half_written_folder_is_a_clear_error(tmp_pat
     with pytest.raises(ValueError, match="head.json missing"):
         load_head(tmp_path)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_load_drafter_builds_each_drafter_from_its_folder_and_refuses_a_head_of_another_target(tmp_path):
+    import gpt2
+    from drafters import kangaroo, medusa
+    from drafters.load import HEAD_FOLDERS, load_drafter
+
+    params = gpt2.init_params(TINY, np.random.default_rng(0))
+    target, rng = gpt2.GPT2Model(params, TINY), np.random.default_rng(1)
+    heads = {"eagle": init_head(TINY, rng), "medusa": medusa.init_heads(TINY, 2, rng),
+             "kangaroo": kangaroo.init_adapter(TINY, rng, params["ln_f"])}
+    extra = {"eagle": {}, "medusa": {"accuracies": [[0.5, 0.25], [0.25, 0.125]]}, "kangaroo": {"exit_layer": 1}}
+    for name, head in heads.items():
+        save_head(tmp_path / HEAD_FOLDERS[name], head, {"drafter": name, "target": "tiny", "target_hparams": TINY,
+                                                         **extra[name]})
+    built = {name: load_drafter(name, target, tmp_path, n_nodes=3) for name in heads}
+    assert [type(drafter).__name__ for drafter in built.values()] == ["EagleTree", "MedusaDraft", "AdaptedEarlyExit"]
+    assert built["eagle"].n_nodes == built["medusa"].n_nodes == 3 and built["kangaroo"].exit_layer == 1
+    np.testing.assert_array_equal(built["medusa"].accuracies, extra["medusa"]["accuracies"])
+    other = gpt2.GPT2Model(gpt2.init_params({**TINY, "n_ctx": 16}, rng), {**TINY, "n_ctx": 16})
+    with pytest.raises(ValueError, match="was trained on a target of"):
+        load_drafter("eagle", other, tmp_path)
+    with pytest.raises(ValueError, match="unknown drafter 'lookahead'"):
+        load_drafter("lookahead", target, tmp_path)

@@ -1,7 +1,9 @@
-"""Train a drafter's head on the frozen bundled target: EAGLE's feature head (more kinds plug in below).
+"""Train a drafter's head on the frozen bundled target: EAGLE's feature head, Medusa's heads, Kangaroo's adapter.
 
     python tools/build_corpus.py                     # once: build/corpus/train.txt
     python tools/train_heads.py eagle                # -> models/teach-eagle
+    python tools/train_heads.py medusa               # -> models/teach-medusa
+    python tools/train_heads.py kangaroo             # -> models/teach-kangaroo
 
 The target (models/teach-target) never changes. The head sees the training split only (build/corpus/train.txt;
 the held-out split stays unseen), less its last validation_tokens, which measure it; each batch is windows of
@@ -13,6 +15,12 @@ paper's:
   the target's next-token distribution (f_{i+1} read out) to the head's (the prediction read out through the same
   frozen unembedding). Uniform noise U(-0.1, 0.1) on the input features teaches the head to read its own
   imperfect predictions, which is what it reads from the second draft step on.
+- Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
+  corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss). Afterwards the heads'
+  top-ranked tokens are scored on the validation windows: the accuracies MedusaDraft prunes its tree by.
+- Kangaroo (Liu et al. 2024, arXiv 2404.18911): the adapter reads the residual stream after the target's first
+  exit_layer blocks; the cross-entropy from the target's own next-token distribution to the adapted exit's
+  (distillation).
 
 The run saves its whole state (head, optimiser, sampler, log) atomically to state_dir every save_minutes, and the
 same command run again resumes from it. At every evaluation it writes the head (drafters/heads.py) to
@@ -29,7 +37,8 @@ import numpy as np
 
 import gpt2
 import utils
-from drafters import eagle
+from drafters import eagle, kangaroo, medusa
+from drafters.early_exit import default_exit_layer
 from drafters.heads import save_head
 from tools import train_pair
 
@@ -38,9 +47,11 @@ NOISE = 0.1  # EAGLE's U(-0.1, 0.1) on the input features
 CLASSIFICATION_WEIGHT = 0.1  # EAGLE's weight on the token cross-entropy beside the feature regression
 
 
-def target_features(target_params, n_head, window):  # [seq] -> [seq, n_embd]: the frozen target's f after ln_f
-    states, _ = gpt2.hidden_states(window, **target_params, n_head=n_head, cache=None, start=0)
-    return jax.lax.stop_gradient(states[-1])
+def target_features(target_params, n_head, window, taps=()):  # [seq] -> [seq, n_embd]: the frozen target's f
+    """The target's state after ln_f at each position (with taps: the residual stream after those blocks first)."""
+    states, _ = gpt2.hidden_states(window, **target_params, n_head=n_head, cache=None, start=0, taps=taps)
+    states = [jax.lax.stop_gradient(state) for state in states]
+    return states if taps else states[-1]
 
 
 def smooth_l1(predicted, true):  # mean over positions and features, beta 1 (PyTorch's SmoothL1Loss)
@@ -60,7 +71,7 @@ class Eagle:
     def __init__(self, hparams):
         self.n_head = hparams["n_head"]
 
-    def init(self, hparams, rng):
+    def init(self, hparams, rng, target_params):
         return eagle.init_head(hparams, rng)
 
     def predicted(self, head, target_params, features, window):  # -> f^ for positions 1..seq-1, [seq-1, n_embd]
@@ -78,14 +89,81 @@ class Eagle:
         features = target_features(target_params, self.n_head, window)
         predicted = self.predicted(head, target_params, features, window)
         unembedding = target_params["wte"].T
-        agrees = jnp.argmax(predicted @ unembedding, -1) == jnp.argmax(features[1:] @ unembedding, -1)
-        return {"feature_loss": smooth_l1(predicted, features[1:]), "top1_agreement": jnp.mean(agrees)}
+        return {"feature_loss": smooth_l1(predicted, features[1:]),
+                "top1_agreement": agreement(predicted @ unembedding, features[1:] @ unembedding)}
 
     def info(self, head, target_params, validation):  # what the drafter needs beside the arrays
         return {}
 
 
-KINDS = {kind.name: kind for kind in (Eagle,)}
+def agreement(logits, target_logits):  # the share of positions where both argmaxes agree (greedy acceptance)
+    return jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(target_logits, -1))
+
+
+class Medusa:
+    """Medusa-1's heads on the target's feature at position i, head k predicting the corpus token i+1+k."""
+
+    name, default_out, n_heads, top = "medusa", "teach-medusa", 4, 4
+
+    def __init__(self, hparams):
+        self.n_head = hparams["n_head"]
+
+    def init(self, hparams, rng, target_params):
+        return medusa.init_heads(hparams, self.n_heads, rng)
+
+    def features_and_labels(self, target_params, window):  # -> [m, n_embd], [m, n_heads]
+        labels = medusa.head_targets(window, self.n_heads)
+        return target_features(target_params, self.n_head, window)[:len(labels)], labels
+
+    def loss(self, heads, target_params, window, key):
+        features, labels = self.features_and_labels(target_params, window)
+        return medusa.head_loss(features, labels, heads, target_params["wte"].T)
+
+    def ranked_hits(self, heads, target_params, window):  # -> [m, n_heads, top]: head k's rank-r token is the label
+        features, labels = self.features_and_labels(target_params, window)
+        ranked = jnp.argsort(-medusa.head_logits(features, heads, target_params["wte"].T), axis=-1)[..., :self.top]
+        return ranked == labels[..., None]
+
+    def metrics(self, heads, target_params, window):
+        top1 = jnp.mean(self.ranked_hits(heads, target_params, window)[..., 0], axis=0)  # [n_heads]
+        return {f"head{k + 1}_top1": top1[k] for k in range(self.n_heads)}
+
+    def info(self, heads, target_params, validation):  # the measured accuracies MedusaDraft prunes its tree by
+        hits = jax.jit(jax.vmap(self.ranked_hits, in_axes=(None, None, 0)))(heads, target_params, validation)
+        return {"accuracies": [[round(float(share), 4) for share in head] for head in jnp.mean(hits, axis=(0, 1))]}
+
+
+class Kangaroo:
+    """Kangaroo's adapter on the exit after the target's first exit_layer blocks, distilled from the target."""
+
+    name, default_out = "kangaroo", "teach-kangaroo"
+
+    def __init__(self, hparams):
+        self.n_head, self.exit_layer = hparams["n_head"], default_exit_layer(hparams["n_layer"])
+
+    def init(self, hparams, rng, target_params):
+        return kangaroo.init_adapter(hparams, rng, target_params["ln_f"])
+
+    def logits(self, adapter, target_params, window):  # -> the adapted exit's logits, the target's: [seq, n_vocab] x2
+        exit_state, features = target_features(target_params, self.n_head, window, taps=(self.exit_layer,))
+        adapted = kangaroo.adapter_forward(exit_state, adapter, self.n_head, None, 0)
+        unembedding = target_params["wte"].T
+        return adapted @ unembedding, features @ unembedding
+
+    def loss(self, adapter, target_params, window, key):
+        logits, target_logits = self.logits(adapter, target_params, window)
+        return soft_cross_entropy(target_logits, logits)
+
+    def metrics(self, adapter, target_params, window):
+        logits, target_logits = self.logits(adapter, target_params, window)
+        return {"distillation_loss": soft_cross_entropy(target_logits, logits),
+                "top1_agreement": agreement(logits, target_logits)}
+
+    def info(self, adapter, target_params, validation):
+        return {"exit_layer": self.exit_layer}
+
+
+KINDS = {kind.name: kind for kind in (Eagle, Medusa, Kangaroo)}
 
 
 def make_step(kind):
@@ -136,7 +214,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     state = train_pair.load_state(state_dir, recipe)
     if state is None:
         rng = np.random.default_rng(seed)
-        head = jax.tree.map(jnp.asarray, kind.init(hparams, rng))
+        head = jax.tree.map(jnp.asarray, kind.init(hparams, rng, target_params))
         log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
                "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0}
         state = {"params": head, "opt_state": train_pair.adamw_init(head), "log": log, "rng": rng.bit_generator.state}

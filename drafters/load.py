@@ -1,0 +1,36 @@
+"""A drafter made from the target, by name: what main.py's --draft_model_size and bench/drafters.py build.
+
+early-exit needs nothing but the target; eagle, medusa and kangaroo read their trained heads from models/ (written
+by tools/train_heads.py, kept by drafters/heads.py), which must have been trained on this very target's shape.
+"""
+
+from pathlib import Path
+
+from drafters.eagle2 import EagleTree
+from drafters.early_exit import EARLY_EXIT, EarlyExit
+from drafters.heads import load_head
+from drafters.kangaroo import AdaptedEarlyExit
+from drafters.medusa import MedusaDraft
+
+HEAD_FOLDERS = {"eagle": "teach-eagle", "medusa": "teach-medusa", "kangaroo": "teach-kangaroo"}
+DRAFTERS = (EARLY_EXIT, *HEAD_FOLDERS)
+DEFAULT_N_NODES = 8  # a tree's budget: on a CPU a tree of n nodes costs about a chain of n tokens to verify
+
+
+def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=None):
+    """The drafter `name` (one of DRAFTERS) on `target`, a NumPy gpt2.GPT2Model. exit_layer: early-exit's (kangaroo
+    reads its own from the head); n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic)."""
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    if name == EARLY_EXIT:
+        return EarlyExit(target, exit_layer)
+    head, info = load_head(Path(models_dir) / HEAD_FOLDERS[name], drafter=name)
+    if info.get("target_hparams") != target.hparams:
+        raise ValueError(f"the {name} head in {Path(models_dir) / HEAD_FOLDERS[name]} was trained on a target of "
+                         f"{info.get('target_hparams')}, not this one ({target.hparams})")
+    n_nodes = DEFAULT_N_NODES if n_nodes is None else n_nodes
+    if name == "eagle":
+        return EagleTree(target, head, n_nodes)
+    if name == "medusa":
+        return MedusaDraft(target, head, accuracies=info.get("accuracies"), n_nodes=n_nodes)
+    return AdaptedEarlyExit(target, head, exit_layer=info["exit_layer"])
