@@ -6,6 +6,7 @@ r"""Decode one prompt autoregressively and speculatively, and compare.
     python main.py --K auto      # K chosen every loop from this machine's measured costs and the alpha so far
     python main.py --draft_model_size prompt-lookup   # drafts copied from the text so far, no second model
     python main.py --draft_model_size early-exit --exit_layer 2   # the target's first 2 layers draft (drafters/)
+    python main.py --draft_model_size eagle --verifier tree --tree_drafts dynamic   # EAGLE-2's tree from a head
     python main.py --verbose     # each run's counts and costs, and the engine (--json: one JSON object)
     python main.py --prompt "def add(a, b):" --prompt "class Queue:"   # a batch of two prompts
     python main.py --verifier tree --n_drafts 3 --temperature 1   # three drafts as a token tree (verifiers/)
@@ -34,7 +35,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0,
          seed=123, decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32", batch_size=None, threads=None, verifier="token", n_drafts=None, replacement=False,
-         tree_drafts=None, exit_layer=None, verbose=False):
+         tree_drafts=None, exit_layer=None, tree_nodes=None, verbose=False):
     """Run the chosen decoders on one prompt (or a batch); print the report, or with json=True a JSON object.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted generation,
@@ -46,7 +47,8 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     where that measures faster (engine/threads.py); None is every usable core. verifier: token (Algorithm 2), block,
     multi or tree, the speculative decoder's rule; n_drafts: drafts per loop for multi and tree (None: 3; token and
     block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts: sampled, top_k or
-    lookup (None: lookup with prompt-lookup, else sampled). exit_layer: the layers an early-exit draft runs (None: a
+    lookup (None: lookup with prompt-lookup, else sampled), or dynamic (eagle's and medusa's own tree, of
+    tree_nodes nodes; None: drafters.load.DEFAULT_N_NODES). exit_layer: the layers an early-exit draft runs (None: a
     quarter). verbose: the report adds each run's counts and costs and the engine. Returns the result dict that
     --json prints.
     """
@@ -80,7 +82,8 @@ def load_models(run):
     # in_place: each model lays its weights out inside the checkpoint's arrays, freeing them as it goes
     target = backends.make_model(params, hparams, backend, dtype, layout="auto", in_place=True)
     draft = (backends.make_model(draft_params, draft_hparams, backend, dtype, layout="auto", in_place=True) if has_model
-             else backends.draft_without_a_model(run.flags["draft"], target, run.flags["exit_layer"]))
+             else backends.draft_without_a_model(run.flags["draft"], target, run.models_dir, run.flags["exit_layer"],
+                                                 run.flags["tree_nodes"]))
     return encoder, rows, draft, target
 
 

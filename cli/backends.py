@@ -10,7 +10,7 @@ sampling_batched.py, sampling_jax's batched loops).
 import types
 
 import engine
-from drafters.early_exit import EarlyExit
+from drafters.load import load_drafter
 from speedup import drafts
 
 BACKENDS = ("numpy", "jax")
@@ -37,10 +37,13 @@ def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False
     return gpt2_jax.JaxGPT2Model(params, hparams, dtype=dtype)
 
 
-def draft_without_a_model(name, target, exit_layer=None):
-    """A draft with no model folder of its own: prompt lookup (speedup/drafts.py), or the target's own first exit_layer
-    layers (drafters/early_exit.py, sharing the target's KV cache)."""
-    return drafts.PromptLookup(target.n_vocab) if name == drafts.PROMPT_LOOKUP else EarlyExit(target, exit_layer)
+def draft_without_a_model(name, target, models_dir, exit_layer=None, n_nodes=None):
+    """A draft with no model folder of its own: prompt lookup (speedup/drafts.py), or a drafter made from the target
+    (drafters/load.py: early-exit, its first exit_layer layers; eagle, medusa or kangaroo, a head read from
+    models_dir; n_nodes: eagle's and medusa's tree)."""
+    if name == drafts.PROMPT_LOOKUP:
+        return drafts.PromptLookup(target.n_vocab)
+    return load_drafter(name, target, models_dir, exit_layer=exit_layer, n_nodes=n_nodes)
 
 
 def decoders(target, draft=None):

@@ -19,7 +19,8 @@ import utils
 from encoder import get_encoder
 from engine.threads import THREADS, usable_cores
 from cli import backends
-from drafters.early_exit import EARLY_EXIT, default_exit_layer
+from cli.drafter_flags import TREE_GROWING_DRAFTERS, WITHOUT_A_MODEL, check_drafter
+from drafters.load import DEFAULT_N_NODES
 from speedup import drafts
 from verifiers.tree import DRAFTS as TREE_DRAFTS
 
@@ -32,8 +33,9 @@ FLAG_HELP = {
                        "of different prompts"),
     "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
     "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
-                                 "or prompt-lookup (drafts copied from the text so far), or early-exit (the target's "
-                                 "first --exit_layer layers)"),
+                                 "or prompt-lookup (drafts copied from the text so far), or a drafter made from the target: "
+                                 "early-exit (its first --exit_layer layers), eagle, medusa or kangaroo (a head "
+                                 "trained by tools/train_heads.py, in --models_dir)"),
     "target_model_size": ("NAME", "the target model, likewise"),
     "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
     "K": ("INT|auto", "tokens the draft proposes per loop, or auto: chosen every loop from this machine's costs and "
@@ -55,6 +57,8 @@ FLAG_HELP = {
                             "eagle, medusa)"),
     "exit_layer": ("INT", "with --draft_model_size early-exit: the target's layers the draft runs before reading out "
                           "through the target's final norm and unembedding, 1 .. n_layer - 1"),
+    "tree_nodes": ("INT", "with --tree_drafts dynamic: the nodes of the tree eagle or medusa grows, verified in one "
+                          "target call"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
     "json": (None, "print one JSON object instead of the report"),
     "verbose": (None, "add to the report each run's counts and costs, the costs measured before the runs and the "
@@ -74,12 +78,10 @@ STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir",
 # fire's one-letter -x names the only flag starting with x; the flags added later take no part, so that -n, -r and
 # -v still name --n_tokens_to_generate, --repeats and --verifier
 ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "replacement", "tree_drafts", "verbose",
-                                                                 "exit_layer"))
+                                                                 "exit_layer", "tree_nodes"))
 VERIFIERS = ("token", "block", "multi", "tree")
 SEVERAL_DRAFTS = ("multi", "tree")  # the verifiers that take --n_drafts > 1
 DEFAULT_N_DRAFTS = 3  # multi and tree, when --n_drafts is not given
-TREE_GROWING_DRAFTERS = ("eagle", "medusa")  # the drafters with draft_tree (--tree_drafts dynamic)
-WITHOUT_A_MODEL = (drafts.PROMPT_LOOKUP, EARLY_EXIT)  # drafts with no model folder of their own
 
 
 def flag_name(arg):
@@ -186,7 +188,7 @@ class Run:
 
 def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size, models_dir, K, temperature, top_k,
               top_p, seed, decoder, repeats, backend, dtype, batch_size, threads, verifier, n_drafts, replacement,
-              tree_drafts, exit_layer, **report_flags):
+              tree_drafts, exit_layer, tree_nodes, **report_flags):
     """main()'s arguments, every one checked before any model is loaded, and --threads set: -> a Run.
 
     report_flags (json, color, verbose) only choose how the result is printed."""
@@ -201,14 +203,16 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
     B = batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier)
     set_threads(threads)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
-    exit_layer = check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend)
+    exit_layer, tree_nodes = check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer,
+                                           tree_nodes, tree_drafts)
     for name in ([] if draft_model_size in WITHOUT_A_MODEL else [draft_model_size]) + [target_model_size]:
         for text in set(prompts):
             check_context_early(text, n_tokens_to_generate, name, models_dir)
     flags = {"draft": draft_model_size, "target": target_model_size, "K": K, "temperature": temperature,
              "top_k": top_k, "top_p": top_p, "seed": seed, "n_tokens": n_tokens_to_generate, "repeats": repeats,
              "backend": backend, "dtype": dtype, "verifier": verifier, "n_drafts": n_drafts,
-             "replacement": replacement, "tree_drafts": tree_drafts, "exit_layer": exit_layer}
+             "replacement": replacement, "tree_drafts": tree_drafts, "exit_layer": exit_layer,
+             "tree_nodes": tree_nodes}
     return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags)
 
 
@@ -311,31 +315,11 @@ def batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier="tok
                              "speculative (--decoder autoregressive,speculative)")
         if K == "auto" or draft_model_size in WITHOUT_A_MODEL:
             raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto, prompt-lookup or "
-                             "early-exit)")
+                             "early-exit, nor eagle, medusa or kangaroo)")
         if verifier != "token":
             raise ValueError(f"a batch verifies token by token (Algorithm 2): --verifier {verifier} decodes one "
                              "sequence")
     return B
-
-
-def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend):
-    """--exit_layer, for --draft_model_size early-exit only: -> the layer, None for other drafts. Not given, it is a
-    quarter of the target's layers (docs/DRAFTERS.md says why), read from its hparams.json before the checkpoint
-    loads; a folder still to be downloaded is checked when its model is built (drafters.early_exit.EarlyExit)."""
-    if draft_model_size != EARLY_EXIT:
-        if exit_layer is not None:
-            raise ValueError(f"--exit_layer applies to --draft_model_size early-exit, not {draft_model_size}")
-        return None
-    if backend != "numpy":
-        raise ValueError("--draft_model_size early-exit shares the NumPy target's KV cache: it needs --backend numpy")
-    path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
-    n_layer = utils.load_hparams(path)["n_layer"] if os.path.isfile(path) else None
-    if exit_layer is None:
-        return None if n_layer is None else default_exit_layer(n_layer)
-    if not sampling.is_integer(exit_layer) or exit_layer < 1 or (n_layer is not None and exit_layer >= n_layer):
-        within = "[1, n_layer - 1]" if n_layer is None else f"[1, {n_layer - 1}] (the target has {n_layer} layers)"
-        raise ValueError(f"--exit_layer must be an integer in {within}, got {exit_layer!r}")
-    return exit_layer
 
 
 def check_strings(models_dir, **texts):
@@ -387,7 +371,8 @@ def usage(main, examples):
                           "threads": "every usable core", "replacement": "off",
                           "n_drafts": f"1; {DEFAULT_N_DRAFTS} with --verifier multi or tree",
                           "tree_drafts": "sampled; lookup with prompt-lookup",
-                          "exit_layer": "a quarter of the target's layers"}
+                          "exit_layer": "a quarter of the target's layers",
+                          "tree_nodes": f"{DEFAULT_N_NODES} with --tree_drafts dynamic"}
     lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
     for name, (metavar, description) in FLAG_HELP.items():
         syntax = f"--{name} {metavar}" if metavar else f"--{name}, --no{name}"

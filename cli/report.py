@@ -201,7 +201,9 @@ def verifier_words(result):
     if verifier == "multi":
         return f"{drafts_of} by recursive rejection, {how}"
     return "a token tree of " + {"sampled": f"{drafts_of} {how}", "top_k": f"the draft's {n} likeliest tokens per node",
-                                 "lookup": f"{n} prompt-lookup matches"}[result["tree_drafts"]]
+                                 "lookup": f"{n} prompt-lookup matches",
+                                 "dynamic": f"{result['tree_nodes']} nodes grown by {result['draft']}, up to {n} "
+                                            "children a node"}[result["tree_drafts"]]
 
 
 def print_legend():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import sampling
-from speedup.stats import expected_speedup
+from speedup.stats import SpeculativeStats, expected_speedup
 
 MAX_SCORED = 16  # v(m) is measured for m = 1 .. 16 new tokens, so K can go up to 15
 # AutoK's settings, chosen with bench/auto_k.py, which replays the bundled pair's acceptances on 24 held-out prompts
@@ -99,8 +99,9 @@ def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_sc
     """Time, on this machine, the target scoring m = 1 .. max_scored new tokens after the prefix x and a draft
     step after x, as speculative sampling calls them (through sampling.next_token_probs, cache rolled back).
 
-    target, draft: models with `logits` (gpt2.GPT2Model, gpt2_jax.JaxGPT2Model); a draft without one (a
-    prompt-lookup draft) costs 0. The calls interleave round by round, so that the machine's drift touches
+    target, draft: models with `logits` (gpt2.GPT2Model, gpt2_jax.JaxGPT2Model); a drafter made from the target
+    with only `propose` (drafters/: EAGLE's and Medusa's heads, reading the target's features) is timed proposing
+    one token after x; any other draft (a prompt-lookup draft) costs 0. The calls interleave round by round, so that the machine's drift touches
     them alike, after one warm-up round; rounds go on until budget_seconds are spent (at least min_rounds),
     and each cost is a median. The models' caches are reset afterwards.
     """
@@ -109,11 +110,14 @@ def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_sc
     if max_scored < 2:
         raise ValueError(f"measuring needs room for 2 new tokens after the {len(x)}-token prefix (context {target.n_ctx})")
     new_tokens = (x * max_scored)[:max_scored]  # any tokens will do: the cost does not depend on which
-    draft_is_model = hasattr(draft, "logits")
+    draft_is_model = hasattr(draft, "logits") or is_head_drafter(draft)
 
     def timed(model, m):  # one call scoring m new tokens after x; n_last = m rolls the cache back to x
         start = time.perf_counter()
-        sampling.next_token_probs(model, x + new_tokens[:m], m, settings)
+        if is_head_drafter(model):  # its step is a proposal: the head after x's features, one token
+            model.propose(x, 1, settings, np.random.default_rng(0), SpeculativeStats())
+        else:
+            sampling.next_token_probs(model, x + new_tokens[:m], m, settings)
         return time.perf_counter() - start
 
     target_times = {m: [] for m in range(1, max_scored + 1)}
@@ -134,6 +138,11 @@ def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_sc
     return MeasuredCosts(decode_step_seconds=decode_step,
                          draft_step_seconds=statistics.median(draft_times) if draft_is_model else 0.0,
                          verify_steps=tuple(statistics.median(target_times[m]) / decode_step for m in target_times))
+
+
+def is_head_drafter(draft):
+    """A drafter made from the target that is not a model (no `logits`): a head reading the target's features."""
+    return not hasattr(draft, "logits") and hasattr(draft, "propose") and hasattr(draft, "target")
 
 
 class AutoK:

@@ -1,0 +1,74 @@
+"""The flags of a drafter made from the target (drafters/, built by drafters.load.load_drafter), checked before any
+model loads: --draft_model_size early-exit, eagle, medusa or kangaroo, with early-exit's --exit_layer and the tree's
+--tree_nodes (eagle and medusa growing their own tree, --verifier tree --tree_drafts dynamic).
+
+Every one of them reads the NumPy target's cache or features, so none runs with --backend jax; eagle, medusa and
+kangaroo read their trained head from the folder drafters.load.HEAD_FOLDERS names in --models_dir.
+"""
+
+import os
+
+import sampling
+import utils
+from drafters.early_exit import EARLY_EXIT, default_exit_layer
+from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
+from speedup import drafts
+
+TREE_GROWING_DRAFTERS = ("eagle", "medusa")  # the drafters with draft_tree (--tree_drafts dynamic)
+WITHOUT_A_MODEL = (drafts.PROMPT_LOOKUP, *DRAFTERS)  # drafts with no model folder of their own
+
+
+def check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer, tree_nodes, tree_drafts):
+    """-> (exit_layer, tree_nodes), each None where it does not apply: --exit_layer for early-exit (a quarter of the
+    target's layers when not given), --tree_nodes for a dynamic tree (drafters.load.DEFAULT_N_NODES when not given);
+    a missing head folder is refused here, before the target loads."""
+    if draft_model_size in DRAFTERS and draft_model_size != EARLY_EXIT:
+        if backend != "numpy":
+            raise ValueError(f"--draft_model_size {draft_model_size} reads the NumPy target's features: it needs "
+                             "--backend numpy")
+        check_head_folder(draft_model_size, models_dir)
+    tree_nodes = check_tree_nodes(tree_nodes, tree_drafts)
+    return check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend), tree_nodes
+
+
+def check_head_folder(name, models_dir):
+    folder = os.path.join(models_dir, HEAD_FOLDERS[name])
+    if not all(os.path.isfile(os.path.join(folder, file)) for file in ("head.safetensors", "head.json")):
+        raise ValueError(f"--draft_model_size {name} reads its trained head from {folder}, which is missing: train it "
+                         f"with python tools/train_heads.py --drafter {name}")
+
+
+def check_tree_nodes(tree_nodes, tree_drafts):
+    """--tree_nodes, the budget of nodes in the tree eagle or medusa grows (--tree_drafts dynamic) -> it, or None."""
+    if tree_drafts != "dynamic":  # check_verifier has refused dynamic for a drafter without draft_tree
+        if tree_nodes is not None:
+            grow = " or ".join(TREE_GROWING_DRAFTERS)
+            raise ValueError(f"--tree_nodes applies to the tree {grow} grow: --draft_model_size {grow} with "
+                             "--verifier tree --tree_drafts dynamic")
+        return None
+    if tree_nodes is None:
+        return DEFAULT_N_NODES
+    if not sampling.is_integer(tree_nodes) or tree_nodes < 1:
+        raise ValueError(f"--tree_nodes must be an integer >= 1, got {tree_nodes!r}")
+    return int(tree_nodes)
+
+
+def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend):
+    """--exit_layer, for --draft_model_size early-exit only: -> the layer, None for other drafts. Not given, it is a
+    quarter of the target's layers (docs/DRAFTERS.md says why), read from its hparams.json before the checkpoint
+    loads; a folder still to be downloaded is checked when its model is built (drafters.early_exit.EarlyExit)."""
+    if draft_model_size != EARLY_EXIT:
+        if exit_layer is not None:
+            theirs = " (kangaroo reads its own from its head)" if draft_model_size == "kangaroo" else ""
+            raise ValueError(f"--exit_layer applies to --draft_model_size early-exit, not {draft_model_size}{theirs}")
+        return None
+    if backend != "numpy":
+        raise ValueError("--draft_model_size early-exit shares the NumPy target's KV cache: it needs --backend numpy")
+    path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
+    n_layer = utils.load_hparams(path)["n_layer"] if os.path.isfile(path) else None
+    if exit_layer is None:
+        return None if n_layer is None else default_exit_layer(n_layer)
+    if not sampling.is_integer(exit_layer) or exit_layer < 1 or (n_layer is not None and exit_layer >= n_layer):
+        within = "[1, n_layer - 1]" if n_layer is None else f"[1, {n_layer - 1}] (the target has {n_layer} layers)"
+        raise ValueError(f"--exit_layer must be an integer in {within}, got {exit_layer!r}")
+    return exit_layer
