@@ -33,9 +33,9 @@ FLAG_HELP = {
                        "of different prompts"),
     "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
     "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
-                                 "or prompt-lookup (drafts copied from the text so far), or a drafter made from the target: "
-                                 "early-exit (its first --exit_layer layers), eagle, medusa or kangaroo (a head "
-                                 "trained by tools/train_heads.py, in --models_dir)"),
+                                 "or prompt-lookup (drafts copied from the text so far), or a drafter made from the "
+                                 "target: early-exit (its first --exit_layer layers), eagle, medusa or kangaroo (a "
+                                 "head trained by tools/train_heads.py, in --models_dir)"),
     "target_model_size": ("NAME", "the target model, likewise"),
     "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
     "K": ("INT|auto", "tokens the draft proposes per loop, or auto: chosen every loop from this machine's costs and "

@@ -101,9 +101,9 @@ def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_sc
 
     target, draft: models with `logits` (gpt2.GPT2Model, gpt2_jax.JaxGPT2Model); a drafter made from the target
     with only `propose` (drafters/: EAGLE's and Medusa's heads, reading the target's features) is timed proposing
-    one token after x; any other draft (a prompt-lookup draft) costs 0. The calls interleave round by round, so that the machine's drift touches
-    them alike, after one warm-up round; rounds go on until budget_seconds are spent (at least min_rounds),
-    and each cost is a median. The models' caches are reset afterwards.
+    one token after x; any other draft (a prompt-lookup draft) costs 0. The calls interleave round by round, so
+    that the machine's drift touches them alike, after one warm-up round; rounds go on until budget_seconds are
+    spent (at least min_rounds), and each cost is a median. The models' caches are reset afterwards.
     """
     x = [int(token) for token in x]
     max_scored = min(max_scored, target.n_ctx - len(x))
