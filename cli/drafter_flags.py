@@ -6,6 +6,7 @@ Every one of them reads the NumPy target's cache or features, so none runs with 
 kangaroo read their trained head from the folder drafters.load.HEAD_FOLDERS names in --models_dir.
 """
 
+import json
 import os
 
 import sampling
@@ -21,21 +22,31 @@ WITHOUT_A_MODEL = (drafts.PROMPT_LOOKUP, *DRAFTERS)  # drafts with no model fold
 def check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer, tree_nodes, tree_drafts):
     """-> (exit_layer, tree_nodes), each None where it does not apply: --exit_layer for early-exit (a quarter of the
     target's layers when not given), --tree_nodes for a dynamic tree (drafters.load.DEFAULT_N_NODES when not given);
-    a missing head folder is refused here, before the target loads."""
-    if draft_model_size in DRAFTERS and draft_model_size != EARLY_EXIT:
+    a head that is missing, or trained on a target of another shape, is refused here, before the target loads."""
+    if draft_model_size in HEAD_FOLDERS:
         if backend != "numpy":
             raise ValueError(f"--draft_model_size {draft_model_size} reads the NumPy target's features: it needs "
                              "--backend numpy")
-        check_head_folder(draft_model_size, models_dir)
+        check_head_folder(draft_model_size, target_model_size, models_dir)
     tree_nodes = check_tree_nodes(tree_nodes, tree_drafts)
     return check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend), tree_nodes
 
 
-def check_head_folder(name, models_dir):
+def check_head_folder(name, target_model_size, models_dir):
+    """The head's folder must be there, and trained on a target of this one's shape where its hparams.json is here
+    (a folder still to be downloaded is checked when the drafter is built: drafters.load.load_drafter)."""
     folder = os.path.join(models_dir, HEAD_FOLDERS[name])
     if not all(os.path.isfile(os.path.join(folder, file)) for file in ("head.safetensors", "head.json")):
         raise ValueError(f"--draft_model_size {name} reads its trained head from {folder}, which is missing: train it "
                          f"with python tools/train_heads.py --drafter {name}")
+    path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
+    if not os.path.isfile(path):
+        return
+    with open(os.path.join(folder, "head.json")) as f:
+        trained_on = json.load(f).get("target_hparams")
+    if trained_on != utils.load_hparams(path):
+        raise ValueError(f"--draft_model_size {name}: its head ({folder}) was trained on a target of {trained_on}, not "
+                         f"--target_model_size {target_model_size}'s {utils.load_hparams(path)}")
 
 
 def check_tree_nodes(tree_nodes, tree_drafts):
