@@ -77,6 +77,7 @@ FULL = {"prompts": 3, "new_tokens": 48, "repeats": 3}
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK} and the smallest K and trees: a smoke test")
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="the draft model's folder (drafter 'draft')")
@@ -89,7 +90,6 @@ def parse_args(argv=None):
     parser.add_argument("--categories", default=",".join(CATEGORIES))
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK} and the smallest K and trees: a smoke test")
     args = parser.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
@@ -375,7 +375,7 @@ def main(argv=None):
     first = next(iter(prompts.values()))[0]
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     draft_model = engine.fast_model(draft_params, draft_hparams)
-    measured = costs.measure_costs(target, draft_model, first, budget_seconds=2.0)
+    measured = costs.measure_costs(target, draft_model, first, budget_seconds=0.3 if args.quick else 2.0)
     drafters, skipped = build_drafters(target, draft_model, args)
     command = shlex.join(["python", "-m", "bench.drafters", *(sys.argv[1:] if argv is None else argv)])
     result = {"machine": machine_line(), "command": command,
