@@ -216,6 +216,15 @@ def total(runs, name):  # a SpeculativeStats counter summed over runs' stats
     return sum(getattr(stats, name) for _, _, stats, _ in runs)
 
 
+def loops_of(runs):  # every loop of these runs, as Recorded.loops gives them
+    return [loop for *_, per_run in runs for loop in per_run]
+
+
+def alpha(runs):  # accepted drafts / drafts judged (None where none was judged)
+    judged = total(runs, "accepted") + total(runs, "rejected")
+    return total(runs, "accepted") / judged if judged else None
+
+
 def draft_step_cost(runs, decode_seconds):  # c: a draft step over a decode step (0 where nothing was drafted)
     steps = total(runs, "draft_calls")
     return total(runs, "draft_seconds") / steps / decode_seconds if steps else 0.0
@@ -247,7 +256,7 @@ def calibrate(drafter, prompts, target, N, temperature, decode_seconds, measured
     predictions = {}
     for choice in drafter.choices:
         runs = [run(target, drafter, choice, prompt, N, temperature, 1000 + i) for i, prompt in enumerate(prompts)]
-        loops, c = [loop for *_, per_run in runs for loop in per_run], draft_step_cost(runs, decode_seconds)
+        loops, c = loops_of(runs), draft_step_cost(runs, decode_seconds)
         if drafter.is_tree:
             steps = total(runs, "draft_calls") / total(runs, "loops")
             predictions[choice] = predict(loops, c, steps, machine_v(loops, measured))
@@ -285,13 +294,11 @@ def measure(drafters, choices, prompts, target, args, temperature):  # -> runs, 
 def row(drafter, category, temperature, choice, calibrated, runs, speedups, same, decode_seconds, measured):
     """A drafter's row: what its measured runs did, and the formula at their loops, c and verification cost (that of
     these runs, in their autoregressive decode steps, as bench/pair.py; and this machine's v measured apart)."""
-    loops, c = [loop for *_, per_run in runs for loop in per_run], draft_step_cost(runs, decode_seconds)
-    accepted, rejected = total(runs, "accepted"), sum(stats.rejected for _, _, stats, _ in runs)
+    loops, c = loops_of(runs), draft_step_cost(runs, decode_seconds)
     steps, verify = total(runs, "draft_calls") / total(runs, "loops"), decode_step(runs) / decode_seconds
     return {"drafter": drafter.name, "category": category, "temperature": int(temperature) if temperature.is_integer()
             else temperature, "K": choice[0], "n_nodes": choice[1], "c": c,
-            "alpha": accepted / (accepted + rejected) if accepted + rejected else None,
-            "alpha_per_depth": alpha_per_depth(loops),
+            "alpha": alpha(runs), "alpha_per_depth": alpha_per_depth(loops),
             "tokens_per_call": total(runs, "generated") / total(runs, "target_calls"),
             "speedup": {"median": statistics.median(speedups), "low": min(speedups), "high": max(speedups)},
             "predicted_speedup": predict(loops, c, steps, verify),
@@ -340,9 +347,7 @@ def at_K4(drafters, prompts_by_category, target, new_tokens):  # -> rows: draft 
 
 
 def k4_row(drafter, choice, category, runs):
-    accepted, rejected = total(runs, "accepted"), sum(stats.rejected for _, _, stats, _ in runs)
-    return {"drafter": drafter.name, "category": category, "K": choice[0], "n_nodes": choice[1],
-            "alpha": accepted / (accepted + rejected) if accepted + rejected else None,
+    return {"drafter": drafter.name, "category": category, "K": choice[0], "n_nodes": choice[1], "alpha": alpha(runs),
             "tokens_per_call": total(runs, "generated") / total(runs, "target_calls")}
 
 
