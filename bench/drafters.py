@@ -34,7 +34,7 @@ predicted_speedup_machine_v the same with v(n) measured apart; calibrated_predic
 drafters/load.py's default budget, on the same prompts. At temperature 0 every run's tokens must equal
 autoregressive decoding's: same_tokens_as_autoregressive.
 
-    python -m bench.drafters --out bench/results/drafters_cpu.json     # about 10 minutes on 2 cores
+    python -m bench.drafters --out drafters.json                       # minutes: bench/README.md says how many
     python -m bench.drafters --quick --drafters draft,prompt-lookup    # seconds: that it runs
 
 Prints one JSON line per row as it goes (to stderr), then the JSON object as its last line.
