@@ -13,7 +13,7 @@ copy), structured (in each of --prompts equal shares of the text, the window who
 goes on with, repeats its own 4-grams the most: listings of reST directives, tables, runs of similar calls).
 
 For each temperature and category:
-1. Calibration: every prompt decoded autoregressively (the reference tokens, and the target's decode step), then by
+1. Calibration: every prompt decoded autoregressively (which times the target's decode step here), then by
    every drafter once, a chain at its largest K, a tree at every size of its grid. Each loop's accepted drafts, how
    many it drafted, and c, the drafter's time per draft step over the decode step, give the formula's speedup:
    tokens per loop / (c x draft steps per loop + v(drafted + 1)), v(n) the target's cost of scoring n tokens in
@@ -68,7 +68,7 @@ DRAFTERS = ("draft", "prompt-lookup", "eagle-chain", "eagle-tree", "medusa-chain
             "kangaroo")
 CATEGORIES = ("open", "copy", "structured")
 CHAIN_K_MAX = 8  # a chain is calibrated at this K; its loops cut at K = 1..8 predict the others
-EAGLE_TREES = ((4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small, as a CPU prices n nodes like a chain of n
+EAGLE_TREES = ((2, 4), (4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small, a CPU prices n nodes as a chain of n
 MEDUSA_TREE_NODES = (4, 8, 12)  # Medusa's depth is its number of heads
 CHILDREN = 3  # a tree's n_drafts: the children a node may get
 QUICK = {"prompts": 1, "new_tokens": 8, "repeats": 1}
