@@ -95,13 +95,13 @@ def parse_args(argv=None):
         setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     args.drafters, args.categories = args.drafters.split(","), args.categories.split(",")
     for given, known, flag in ((args.drafters, DRAFTERS, "--drafters"), (args.categories, CATEGORIES, "--categories")):
-        if set(given) - set(known):
-            parser.error(f"{flag}: unknown {', '.join(sorted(set(given) - set(known)))}; choose from {', '.join(known)}")
+        if unknown := sorted(set(given) - set(known)):
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     try:
         args.temperatures = [float(value) for value in args.temperatures.split(",")]
     except ValueError:
         parser.error(f"--temperatures takes comma-separated numbers, got {args.temperatures!r}")
-    if min(args.temperatures) < 0 or min(args.prompts, args.prompt_tokens, args.new_tokens, args.repeats) < 1:
+    if not all(temperature >= 0 for temperature in args.temperatures) or min(args.prompts, args.prompt_tokens, args.new_tokens, args.repeats) < 1:
         parser.error("temperatures must be >= 0; --prompts, --prompt_tokens, --new_tokens and --repeats positive")
     return args
 

@@ -427,7 +427,8 @@ def test_held_out_prompts_of_each_kind():
 
     text = "Some prose.\n\ndef f(a):\n    b = a + 1\n\n    return b\n\n\ndef broken(:\n    x\nmore prose\n"
     assert heldout.held_out_functions(text, min_lines=3) == ["def f(a):\n    b = a + 1\n\n    return b\n"]
-    assert heldout.repetition([1, 2, 3, 4, 5, 6]) == 0 and heldout.repetition([1, 2, 3, 4] * 3) == 5 / 9  # 9 4-grams, the last 5 seen before
+    assert heldout.repetition([1, 2, 3, 4, 5, 6]) == 0
+    assert heldout.repetition([1, 2, 3, 4] * 3) == 5 / 9  # 9 4-grams, the last 5 seen before
     tokens = np.array(list(range(100, 160)) + [1, 2, 3, 4] * 10 + list(range(200, 260)))
     prompts, scores = heldout.structured_prompts(tokens, 1, 8, 8)
     assert scores == [9 / 13] and set(prompts[0].tolist()) <= {1, 2, 3, 4}  # a 16-token span inside the repeats
