@@ -1,7 +1,9 @@
 """The held-out text the benchmarks draw their prompts from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
 never committed); tests/fixtures/heldout_sample.txt is a small sample of it."""
 
+import ast
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,3 +20,82 @@ def require_heldout(path):
 def held_out_tokens(encoder, path):
     text = Path(path).read_text(encoding="utf-8")
     return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
+
+
+# Prompts of three kinds for bench/drafters.py, all cut from the held-out text (never from what the pair trained on)
+
+def open_prompts(tokens, n, prompt_tokens):
+    """n windows of prompt_tokens tokens spread evenly over the held-out tokens (bench/pair.py's): text to continue."""
+    stride = (len(tokens) - prompt_tokens - 1) // n
+    if stride < 1:
+        raise ValueError(f"the held-out text is too short for {n} prompts of {prompt_tokens} tokens")
+    return [tokens[i * stride:i * stride + prompt_tokens] for i in range(n)]
+
+
+def held_out_functions(text, min_lines=6, max_lines=40):
+    """Every Python function (or method, dedented) of min_lines to max_lines lines in the held-out text: a `def` line
+    and the lines after it that are blank or indented deeper, kept where they parse as Python on their own. The text
+    mixes reST and source files, so whole documents need not parse; one function does."""
+    lines, found = text.replace("<|endoftext|>", "\n").splitlines(), []
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("def "):
+            continue
+        indent, end = len(line) - len(line.lstrip()), i + 1
+        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+            end += 1
+        while end > i + 1 and not lines[end - 1].strip():  # trailing blank lines belong to what follows
+            end -= 1
+        source = textwrap.dedent("\n".join(lines[i:end])) + "\n"
+        if min_lines <= end - i <= max_lines and parses(source):
+            found.append(source)
+    return found
+
+
+def parses(source):
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
+def repetition(tokens, n=4):
+    """The share of a span's n-grams that already occurred earlier in the same span: 0 for text that never repeats
+    itself, near 1 for a listing of near-identical entries."""
+    seen, repeated = set(), 0
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        repeated += gram in seen
+        seen.add(gram)
+    return repeated / max(len(tokens) - n + 1, 1)
+
+
+def structured_prompts(tokens, n, prompt_tokens, new_tokens):  # -> n prompts, the chosen spans' repetition
+    """Structured, repetitive held-out text: the held-out tokens cut into n equal shares, and in each the window whose
+    span (the prompt and the new_tokens the held-out text goes on with) repeats its own 4-grams the most (windows
+    start every prompt_tokens // 2 tokens). What wins: reST listings of near-identical directives (`.. c:function::`
+    entries), option tables, runs of similar calls or assignments; one from each share, so they come from different
+    documents."""
+    span, step = prompt_tokens + new_tokens, max(prompt_tokens // 2, 1)
+    share = len(tokens) // n
+    if share < span:
+        raise ValueError(f"the held-out text is too short for {n} structured prompts of {span} tokens")
+    prompts, scores = [], []
+    for first in range(0, n * share, share):
+        starts = range(first, first + share - span + 1, step)
+        best = max(starts, key=lambda start: repetition(tokens[start:start + span].tolist()))
+        prompts.append(tokens[best:best + prompt_tokens])
+        scores.append(repetition(tokens[best:best + span].tolist()))
+    return prompts, scores
+
+
+def copy_prompts(encoder, text, n, max_function_tokens, restart_lines=2):
+    """n held-out functions spread over those of at most max_function_tokens tokens, each given whole, then a blank
+    line and its first restart_lines lines again (bench/lookup.py's prompt): the continuation is a copy."""
+    from bench.lookup import repeat_prompt  # bench/lookup.py's cut, at the vocabulary's own token boundary
+
+    functions = [source for source in held_out_functions(text) if len(encoder.encode(source)) <= max_function_tokens]
+    if not functions:
+        raise ValueError(f"the held-out text holds no function of 6 to 40 lines within {max_function_tokens} tokens")
+    chosen = [functions[i * len(functions) // n] for i in range(min(n, len(functions)))]
+    return [np.asarray(repeat_prompt(encoder, source, restart_lines)[0], dtype=np.int64) for source in chosen]

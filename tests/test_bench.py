@@ -368,3 +368,69 @@ def test_features_bench_times_the_kept_features_beside_the_logits_alone():
         row = result[call]
         assert row["with_features_ms"] > 0 and row["logits_only_ms"] > 0
         assert row["ratio"]["range"][0] <= row["ratio"]["median"] <= row["ratio"]["range"][1]
+
+
+ROW_KEYS = {"drafter", "category", "temperature", "K", "n_nodes", "c", "alpha", "alpha_per_depth", "tokens_per_call",
+            "speedup", "predicted_speedup", "same_tokens_as_autoregressive"}
+
+
+def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_path):
+    for name in ("teach-target", "teach-draft"):  # a models folder without the heads: theirs are skipped, with why
+        (tmp_path / name).symlink_to(REPO / "models" / name)
+    command = [sys.executable, "-m", "bench.drafters", "--quick", "--heldout", "tests/fixtures/heldout_sample.txt",
+               "--models_dir", str(tmp_path), "--drafters", "draft,prompt-lookup,medusa-chain", "--temperatures", "0",
+               "--out", str(tmp_path / "drafters.json")]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "drafters.json").read_text()) == result
+    assert {"machine", "command", "settings", "target_decode_ms", "rows", "skipped"} <= set(result)
+    assert result["machine"].startswith("machine: ") and "bench.drafters --quick" in result["command"]
+    assert [(row["drafter"], row["category"]) for row in result["rows"]] == [
+        (drafter, category) for category in ("open", "copy", "structured") for drafter in ("draft", "prompt-lookup")]
+    for row in result["rows"]:
+        assert ROW_KEYS <= set(row) and row["temperature"] == 0 and row["n_nodes"] is None
+        assert row["same_tokens_as_autoregressive"] is True  # greedy: every run's tokens are autoregressive decoding's
+        assert 1 <= row["K"] <= 3 and row["c"] >= 0 and row["tokens_per_call"] >= 1
+        assert row["speedup"]["low"] <= row["speedup"]["median"] <= row["speedup"]["high"]
+        assert row["predicted_speedup"] > 0 and all(0 <= alpha <= 1 for alpha in row["alpha_per_depth"])
+    (skipped,) = result["skipped"]
+    assert skipped["drafter"] == "medusa-chain" and "head.json" in skipped["why"]
+    assert {row["drafter"] for row in result["at_K4"]} == {"draft"}
+
+
+def test_drafters_bench_replays_what_each_loop_accepted():
+    """The loops the benchmark reads back from a run (its alpha per depth and its formula) hold exactly what the
+    decoder counted: as many loops, the same accepted drafts, the same tokens."""
+    from drafters.eagle import init_head
+    from drafters.eagle2 import EagleTree
+    from speedup.drafts import PromptLookup
+
+    bench = load_bench("drafters")
+    params = gpt2.init_params(TINY, np.random.default_rng(0))
+    target = gpt2.GPT2Model(params, TINY)
+    prompt = np.array([5, 17, 3, 9, 5, 17, 3, 9, 5, 17], dtype=np.int64)
+    drafters = [bench.Drafter("prompt-lookup", PromptLookup(TINY["n_vocab"]), [(3, None)]),
+                bench.Drafter("eagle-tree", EagleTree(target, init_head(TINY, np.random.default_rng(1)), 4), [(3, 4)])]
+    for drafter in drafters:
+        for temperature in (0.0, 1.0):
+            out, seconds, stats, loops = bench.run(target, drafter, drafter.choices[0], prompt, 20, temperature, 0)
+            assert len(loops) == stats.loops and sum(accepted for accepted, _, _ in loops) == stats.accepted
+            assert sum(1 + accepted for accepted, _, _ in loops) == stats.generated == 20 and seconds > 0
+            assert all(accepted <= judged <= accepted + 1 for accepted, judged, _ in loops)
+    assert bench.alpha_per_depth([(2, 3, 4), (0, 1, 4), (4, 4, 4)]) == [2 / 3, 1, 1 / 2, 1]
+    assert bench.cut([(4, 4, 8), (1, 2, 8)], 2) == [(2, 2, 2), (1, 2, 2)]
+
+
+def test_held_out_prompts_of_each_kind():
+    from bench import heldout
+
+    text = "Some prose.\n\ndef f(a):\n    b = a + 1\n\n    return b\n\n\ndef broken(:\n    x\nmore prose\n"
+    assert heldout.held_out_functions(text, min_lines=3) == ["def f(a):\n    b = a + 1\n\n    return b\n"]
+    assert heldout.repetition([1, 2, 3, 4, 5, 6]) == 0
+    assert heldout.repetition([1, 2, 3, 4] * 3) == 5 / 9  # 9 4-grams, the last 5 seen before
+    tokens = np.array(list(range(100, 160)) + [1, 2, 3, 4] * 10 + list(range(200, 260)))
+    prompts, scores = heldout.structured_prompts(tokens, 1, 8, 8)
+    assert scores == [9 / 13] and set(prompts[0].tolist()) <= {1, 2, 3, 4}  # a 16-token span inside the repeats
+    windows = heldout.open_prompts(tokens, 4, 8)  # every (160 - 8 - 1) // 4 = 37 tokens, as bench/pair.py's
+    assert [window.tolist() for window in windows] == [tokens[start:start + 8].tolist() for start in (0, 37, 74, 111)]
