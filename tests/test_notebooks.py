@@ -29,7 +29,7 @@ import make_notebooks  # noqa: E402
 NOTEBOOKS = ["1_gpt2_in_numpy.ipynb", "2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb",
              "4_why_lossless.ipynb", "5_when_it_pays.ipynb", "6_choosing_K_and_the_draft.ipynb",
              "7_bugs_that_look_right.ipynb", "8_batching_and_speculation.ipynb", "9_exercises.ipynb",
-             "10_beyond_algorithm_2.ipynb"]
+             "10_beyond_algorithm_2.ipynb", "11_where_drafts_come_from.ipynb"]
 PAIR = [REPO / "models" / name / "hparams.json" for name in ("teach-target", "teach-draft")]
 # the notebooks that time anything: their committed outputs must come from one machine, named in their first output
 TIMING_NOTEBOOKS = ["2_decoding_and_kv_cache.ipynb", "3_speculative_step_by_step.ipynb", "5_when_it_pays.ipynb",
@@ -218,6 +218,36 @@ def test_beyond_algorithm_2_notebook_proves_each_verifier_and_catches_the_lossy_
     assert checks["zoo_mismatches_fail"] is True and checks["zero_uniform_reaches_impossible"] is True
     low, high = checks["block_minus_token_interval"]
     assert low <= high and checks["committed_block_over_token"] > 1 and checks["exercise_block"] == "unsolved"
+
+
+@on_its_notebooks_worker("11_where_drafts_come_from.ipynb")
+def test_where_drafts_come_from_notebook_keeps_the_tokens_and_reads_the_committed_benchmark():
+    checks = checks_of(executed("11_where_drafts_come_from.ipynb"))
+    assert checks["hand_steps_match_propose"] is True and checks["greedy_identity_every_drafter"] is True
+    assert set(checks["greedy_identity"]) == {"EAGLE chain", "Medusa chain", "early exit", "adapted exit"}
+    assert checks["eagle_tree_greedy_equals_autoregressive"] is True and checks["tree_walk_is_greedy_prefix"] is True
+    for key in ("tree_keeps_the_budget", "tree_tokens_are_the_best_nodes", "tree_kept_nodes_have_kept_parents",
+                "tree_parents_match", "tree_kept_values_are_the_highest"):
+        assert checks[key] is True, key
+    assert checks["medusa_depth2_tokens_from_head_2_alone"] is True and checks["eagle_step2_depends_on_step1_token"]
+    top1 = checks["agreement_top1"]
+    assert top1["EAGLE's head"] > max(top1["Medusa's head 1"], top1["early exit"])
+    assert checks["exit_curve_matches_the_exit_above"] is True
+    assert top1["adapted exit"] > top1["early exit"] and checks["exit_agrees_more_the_later_it_reads"] is True
+    c_by_weights = checks["c_by_weights"]
+    assert checks["adapter_is_a_third_of_a_block"] is True
+    assert 0 < c_by_weights["early-exit"] < c_by_weights["kangaroo"] < 1
+    # the side-by-side table is the committed benchmark's, and the verdict follows from its rows
+    bench = json.loads((REPO / "bench" / "results" / "drafters_cpu_zen4.json").read_text())
+    assert checks["bench_rows"] == len(bench["rows"])
+    chain = [row for row in bench["rows"] if row["n_nodes"] is None and row["temperature"] == 0]
+    fastest = max(chain, key=lambda row: row["speedup"]["median"])
+    assert checks["fastest_drafter_here"] == fastest["drafter"]
+    assert checks["drafters_that_pay_here"] == sorted({row["drafter"] for row in chain if row["speedup"]["low"] > 1})
+    for key in ("bench_ranges_hold_their_medians", "bench_greedy_rows_keep_the_tokens",
+                "bench_tokens_per_call_at_least_one", "formula_reproduces_predictions", "verification_costs_positive",
+                "pays_above_break_even", "break_even_rises_with_c"):
+        assert checks[key] is True, key
 
 
 @pytest.mark.parametrize("name", QUICK_NOTEBOOKS)
