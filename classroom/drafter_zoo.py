@@ -126,7 +126,7 @@ BUGS = [
 ZOO = {bug.variant.name: bug for bug in BUGS}
 
 
-def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"reference": {...}, "bug": {...}}
+def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"right": {...}, "with_bug": {...}}
     """Greedy speculative sampling (sampling.speculative_sampling, temperature 0) of N tokens after each prompt with
     the drafter wired right and with `bug`, on `target` (a gpt2.GPT2Model) and the head's arrays `head`: alpha and
     tokens per target call of each, over all prompts. Both must give the same tokens (each bug keeps the output
@@ -134,7 +134,7 @@ def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"reference": 
     if bug not in BUGS:
         raise ValueError(f"unknown drafter bug {bug!r}: choose one of {', '.join(ZOO)}")
     rows = {}
-    for label, drafter_class in (("reference", bug.drafter), ("bug", bug.patched_drafter())):
+    for label, drafter_class in (("right", bug.drafter), ("with_bug", bug.patched_drafter())):
         stats, outputs = SpeculativeStats(), []
         for prompt in prompts:
             target.reset()
@@ -143,7 +143,7 @@ def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"reference": 
                                                          temperature=0, stats=stats))
         rows[label] = {"alpha": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,
                        "outputs": outputs}
-    for i, (right, wrong) in enumerate(zip(rows["reference"].pop("outputs"), rows["bug"].pop("outputs"))):
+    for i, (right, wrong) in enumerate(zip(rows["right"].pop("outputs"), rows["with_bug"].pop("outputs"))):
         if not np.array_equal(right, wrong):
             raise AssertionError(f"{bug.variant.name}: prompt {i} decodes differently with the bug: it is not exact")
     return rows

@@ -5,10 +5,13 @@ EAGLE's residual at the rejected token only (SafeAILab/EAGLE#20) moves the law: 
 on a tiny random GPT-2 driving an EAGLE head at the total variations the zoo quotes, and the chi-square sees it; at
 temperature 0 it is exact. Each wiring bug keeps every decoder exact (the oracle passes it) and yet changes the
 drafts' p somewhere; what it costs in acceptance needs trained heads (bench/drafter_zoo.py), so here
-lost_acceptance is only run, on random heads, for its form and its exactness guard.
+lost_acceptance is only run, on random heads, for its form and its exactness guard, and the bench on a few tokens of
+the committed EAGLE head, for its form and its skipping of a head that is not there.
 """
 
+import importlib.util
 import inspect
+import json
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ import pytest
 import gpt2
 import sampling
 from classroom import drafter_zoo, exact_law, lossless
+from conftest import REPO
 from drafters.eagle import EagleDraft, init_head
 from drafters.medusa import MedusaDraft, init_heads
 from gpt2_cases import random_params
@@ -136,7 +140,7 @@ def test_lost_acceptance_measures_both_wirings_greedily_and_they_decode_alike():
     for name in NAMES:
         bug = drafter_zoo.ZOO[name]
         rows = drafter_zoo.lost_acceptance(bug, target, random_head(bug.kind, HPARAMS, 0), prompts, N=8, K=3)
-        assert set(rows) == {"reference", "bug"}
+        assert set(rows) == {"right", "with_bug"}
         for row in rows.values():
             assert 0 <= row["alpha"] <= 1 and 1 <= row["tokens_per_target_call"] <= 4
 
@@ -153,3 +157,39 @@ def test_lost_acceptance_refuses_an_unknown_bug_and_a_bug_that_changes_the_token
     monkeypatch.setattr(sampling, "speculative_sampling", tokens_by_wiring)
     with pytest.raises(AssertionError, match="one_shared_medusa_block: prompt 0 decodes differently"):
         drafter_zoo.lost_acceptance(bug, target, random_head("medusa", HPARAMS, 0), [[1, 2, 3]], N=4, K=2)
+
+
+# ---- bench/drafter_zoo.py, on the bundled target ----------------------------------------------------------------
+
+
+def run_bench(capsys, *argv):  # -> the JSON object bench/drafter_zoo.py prints
+    spec = importlib.util.spec_from_file_location("bench_drafter_zoo", REPO / "bench" / "drafter_zoo.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--n_prompts", "1", "--prompt_tokens", "16", "--n_tokens", "6", "--K", "2", *argv])
+    return json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
+def test_the_bench_measures_a_bug_on_the_committed_head_and_skips_one_without_its_head(capsys, tmp_path):
+    report = run_bench(capsys, "--bugs", "feature_off_by_one")
+    (row,) = report["by_bug"]
+    assert report["machine"].startswith("machine: ") and row["bug"] == "feature_off_by_one"
+    for wiring in ("right", "with_bug"):
+        assert 1 <= row[wiring]["tokens_per_target_call"] <= 3
+    assert row["lost_tokens_per_target_call"] == pytest.approx(
+        row["right"]["tokens_per_target_call"] - row["with_bug"]["tokens_per_target_call"])
+    (tmp_path / "teach-target").symlink_to(REPO / "models" / "teach-target")  # the target, and no head beside it
+    (row,) = run_bench(capsys, "--models_dir", str(tmp_path), "--bugs", "draft_cache_not_rebuilt")["by_bug"]
+    assert "head.safetensors, head.json missing" in row["skipped"] and "right" not in row
+
+
+def test_the_bench_refuses_an_unknown_bug(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_bench(capsys, "--bugs", "nope")
+    assert exit_info.value.code == 2 and "unknown bug 'nope'" in capsys.readouterr().err
+
+
+def test_the_readme_quotes_the_zoo():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"({drafter_zoo.RESIDUAL_EXACT_TV['tables']:.3f} in total variation on the tables)" in text
+    assert len(drafter_zoo.BUGS) == 4 and "four wiring mistakes" in text
