@@ -1,22 +1,23 @@
 """Bugs of the drafters made from the target (drafters/), as bug_zoo's small patches: one that breaks the output law,
-and four that keep it exact and only cost acceptance.
+and four that keep it exact and can only change acceptance.
 
 Drafters plug into Algorithm 2 through `propose` (drafts and the p they were drawn from), so no drafter, however
 wired, can move the output law: every draft is judged by q/p and the residual. What can move it is the verification
-a drafter's paper ships with. RESIDUAL_AT_REJECTED_TOKEN is EAGLE's (SafeAILab/EAGLE#20): after a rejection the
-token comes from q with only the rejected token's entry lowered to max(0, q(t) - p(t)), where the rule takes
-max(0, q - p) over the whole vocabulary. It patches sampling.speculative_sampling, the verification every chain
-drafter plugs into; exact_law.check_exact fails it on its own tables and on a tiny GPT-2 driving an EAGLE head
-(tests/test_drafter_zoo.py measures both total variations, which its effect text quotes).
+a drafter's paper ships with. RESIDUAL_AT_REJECTED_TOKEN is the one EAGLE's own verification had (SafeAILab/EAGLE#20):
+after a rejection the token comes from q with only the rejected token's entry lowered to max(0, q(t) - p(t)), where
+the rule takes max(0, q - p) over the whole vocabulary. Here it is planted in sampling.speculative_sampling's
+correction, the verification every chain drafter plugs into; exact_law.check_exact fails it on its own tables and on
+a tiny GPT-2 driving an EAGLE head (tests/test_drafter_zoo.py measures both total variations, which its effect text
+quotes), and lossless.check_lossless fails it too.
 
 The wiring bugs (BUGS) are patches of a drafter's methods (bug_zoo.Patch naming "Class.method"); `patched_drafter`
 compiles them from today's source into a subclass of the drafter, so the zoo always tests today's drafter with one
 mistake in it. They keep the output exact, which the exact oracle confirms (tests/test_drafter_zoo.py), and change
-the drafts; what they cost shows only in acceptance (as a review of vLLM's EAGLE, PR #6830, worried: rejection
-sampling keeps the target's law, so a wrong hidden state is not caught until much later), and only with trained heads: a random head accepts next to
-nothing either way. `lost_acceptance` measures alpha and tokens per target call with and without a bug at
-temperature 0; bench/drafter_zoo.py runs it on the bundled target with its trained heads (models/teach-eagle,
-models/teach-medusa).
+the drafts: what they cost shows only in acceptance, as a review of vLLM's EAGLE worried (vllm-project/vllm PR
+#6830: rejection sampling keeps the target's law, so a wrong hidden state may not be caught until much later), and
+only with trained heads, since a random head accepts next to nothing either way. `lost_acceptance` measures alpha
+and tokens per target call with and without a bug at temperature 0; bench/drafter_zoo.py runs it on the bundled
+target with its trained heads (models/teach-eagle, models/teach-medusa).
 """
 
 import functools
@@ -37,8 +38,8 @@ RESIDUAL_AT_REJECTED_TOKEN = Variant(
     "after a rejection the token is drawn from q with the rejected token's entry lowered to max(0, q(t) - p(t)) "
     "and the rest left as q, renormalised, where the rule subtracts p from q over the whole vocabulary: every "
     "token the draft also favours is over-weighted (total variation 0.145 on check_exact's tables, 0.064 on a tiny "
-    "GPT-2 driving an EAGLE head). A one-hot p (temperature 0, or a chosen draft) gives the same residual either way, "
-    "which is why greedy runs cannot show it",
+    "GPT-2 driving an EAGLE head). At temperature 0 p is one-hot and both residuals are q without the rejected "
+    "token, which is why EAGLE's greedy results were not affected",
     (Patch(sampling, "speculative_sampling", CORRECTION, """
         residual = q[t].copy()  # (bug) only the rejected token's entry is lowered
         residual[token] = max(0.0, float(q[t][token]) - float(p[t][token]))
@@ -106,8 +107,9 @@ BUGS = [
     DrafterBug(Variant(
         "one_shared_medusa_block", "every Medusa head reading head 1's block",
         "FasterDecoding/Medusa PR #133 (linkedin/Liger-Kernel PR #269: one ResBlock object shared by every head)",
-        "head k should predict the token k + 1 after its feature; with head 1's arrays it predicts the next token "
-        "again, so the drafts after the first guess the wrong position",
+        "there the shared block made every head one head in training; here the heads were trained apart and are "
+        "read as one: head k should predict the token k + 1 after its feature, and with head 1's arrays it "
+        "predicts the next token again, so the drafts after the first guess the wrong position",
         (Patch(medusa, "MedusaDraft.logits_after",
                'return head_logits(feature, {"heads": self.heads["heads"][:depth]}, self.unembedding)',
                'return head_logits(feature, {"heads": [self.heads["heads"][0]] * depth}, self.unembedding)  # (bug)'),
