@@ -12,9 +12,7 @@ stretches of the held-out text (default: the sample committed in tests/fixtures)
 import argparse
 import json
 
-import engine
-import utils
-from bench.heldout import held_out_tokens, require_heldout
+from bench.heldout import target_and_prompts
 from bench.machine import machine_line
 from classroom import drafter_zoo
 from drafters.load import load_drafter
@@ -56,12 +54,7 @@ def measure_bug(bug, target, prompts, args):  # -> the row for one bug
 
 def main(argv=None):
     args = parse_args(argv)
-    require_heldout(args.heldout)
-    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    target = engine.fast_model(params, hparams)
-    tokens = held_out_tokens(encoder, args.heldout)
-    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
+    target, prompts = target_and_prompts(args)
     rows = [measure_bug(drafter_zoo.ZOO[name], target, prompts, args) for name in args.bugs]
     print(json.dumps({"machine": machine_line(), "target": args.target, "K": args.K, "heldout": args.heldout,
                       "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens,
