@@ -6,7 +6,7 @@ on a tiny random GPT-2 driving an EAGLE head at the total variations the zoo quo
 temperature 0 it is exact. Each wiring bug keeps every decoder exact (the oracle passes it) and yet changes the
 drafts' p somewhere; what it costs in acceptance needs trained heads (bench/drafter_zoo.py), so here
 lost_acceptance is only run, on random heads, for its form and its exactness guard, and the bench on a few tokens of
-the committed EAGLE head, for its form and its skipping of a head that is not there.
+the committed EAGLE head and a random Medusa head, for its form and its skipping of a head that is not there.
 """
 
 import importlib.util
@@ -21,6 +21,7 @@ import sampling
 from classroom import drafter_zoo, exact_law, lossless
 from conftest import REPO
 from drafters.eagle import EagleDraft, init_head
+from drafters.heads import save_head
 from drafters.medusa import MedusaDraft, init_heads
 from gpt2_cases import random_params
 from helpers import HPARAMS, TINY, GPT2Problem, TinyGPT2Context, random_target
@@ -170,7 +171,7 @@ def run_bench(capsys, *argv):  # -> the JSON object bench/drafter_zoo.py prints
     return json.loads(capsys.readouterr().out.splitlines()[-1])
 
 
-def test_the_bench_measures_a_bug_on_the_committed_head_and_skips_one_without_its_head(capsys, tmp_path):
+def test_the_bench_measures_the_bugs_whose_heads_it_finds_and_skips_the_others(capsys, tmp_path):
     report = run_bench(capsys, "--bugs", "feature_off_by_one")
     (row,) = report["by_bug"]
     assert report["machine"].startswith("machine: ") and row["bug"] == "feature_off_by_one"
@@ -178,9 +179,14 @@ def test_the_bench_measures_a_bug_on_the_committed_head_and_skips_one_without_it
         assert 1 <= row[wiring]["tokens_per_target_call"] <= 3
     assert row["lost_tokens_per_target_call"] == pytest.approx(
         row["right"]["tokens_per_target_call"] - row["with_bug"]["tokens_per_target_call"])
-    (tmp_path / "teach-target").symlink_to(REPO / "models" / "teach-target")  # the target, and no head beside it
-    (row,) = run_bench(capsys, "--models_dir", str(tmp_path), "--bugs", "draft_cache_not_rebuilt")["by_bug"]
-    assert "head.safetensors, head.json missing" in row["skipped"] and "right" not in row
+    (tmp_path / "teach-target").symlink_to(REPO / "models" / "teach-target")  # the target, a random Medusa head
+    hparams = json.loads((REPO / "models" / "teach-target" / "hparams.json").read_text())
+    save_head(tmp_path / "teach-medusa", random_head("medusa", hparams, 0),
+              {"drafter": "medusa", "target": "teach-target", "target_hparams": hparams})
+    medusa, eagle = run_bench(capsys, "--models_dir", str(tmp_path), "--bugs",
+                              "one_shared_medusa_block,draft_cache_not_rebuilt")["by_bug"]
+    assert medusa["with_bug"]["tokens_per_target_call"] >= 1 and "skipped" not in medusa
+    assert "head.safetensors, head.json missing" in eagle["skipped"] and "right" not in eagle
 
 
 def test_the_bench_refuses_an_unknown_bug(capsys):
