@@ -12,10 +12,8 @@ import json
 
 import numpy as np
 
-import engine
 import sampling
-import utils
-from bench.heldout import held_out_tokens, require_heldout
+from bench.heldout import target_and_prompts
 from bench.machine import machine_line
 from drafters.early_exit import EarlyExit
 from speedup import costs
@@ -55,18 +53,13 @@ def measure_exit(target, exit_layer, prompts, expected, K, N):  # -> the row for
 
 def main(argv=None):
     args = parse_args(argv)
-    require_heldout(args.heldout)
-    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    target = engine.fast_model(params, hparams)
-    tokens = held_out_tokens(encoder, args.heldout)
-    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
+    target, prompts = target_and_prompts(args)
     expected = []
     for prompt in prompts:
         target.reset()
         expected.append(sampling.autoregressive_sampling(prompt, target, args.n_tokens, 0, temperature=0))
     rows = [measure_exit(target, layer, prompts, expected, args.K, args.n_tokens) for layer in args.exit_layers]
-    print(json.dumps({"machine": machine_line(), "target": args.target, "n_layer": hparams["n_layer"], "K": args.K,
+    print(json.dumps({"machine": machine_line(), "target": args.target, "n_layer": target.hparams["n_layer"], "K": args.K,
                       "heldout": args.heldout, "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens,
                       "n_tokens": args.n_tokens, "temperature": 0, "by_exit_layer": rows}))
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+import engine
+import utils
+
 
 def require_heldout(path):
     """A one-line error and exit status 2 where the held-out text is missing: it is built, not committed."""
@@ -20,6 +23,20 @@ def require_heldout(path):
 def held_out_tokens(encoder, path):
     text = Path(path).read_text(encoding="utf-8")
     return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
+
+
+def held_out_prompts(encoder, path, n_prompts, prompt_tokens):  # -> n_prompts windows of prompt_tokens tokens
+    """Windows evenly spaced over the held-out text, so that the prompts sample all of it."""
+    return open_prompts(held_out_tokens(encoder, path), n_prompts, prompt_tokens)
+
+
+def target_and_prompts(args):  # -> (the target in engine.fast_model's layout, held_out_prompts' windows)
+    """What a benchmark on held-out prompts reads from its flags: --models_dir, --target, --heldout (exit status 2
+    where it is missing), --n_prompts and --prompt_tokens."""
+    require_heldout(args.heldout)
+    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    prompts = held_out_prompts(encoder, args.heldout, args.n_prompts, args.prompt_tokens)
+    return engine.fast_model(params, hparams), prompts
 
 
 # Prompts of three kinds for bench/drafters.py, all cut from the held-out text (never from what the pair trained on)

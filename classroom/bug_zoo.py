@@ -36,7 +36,8 @@ class StalePatch(Exception):
 
 @dataclass(frozen=True)
 class Patch:
-    """In module.function, replace the consecutive code lines `old` by `new`.
+    """In module.function, replace the consecutive code lines `old` by `new` (function may name a method,
+    "Class.method": classroom/drafter_zoo.py patches drafters' methods).
 
     Lines are compared as code: without indentation, comments, blank lines or lines that hold only a comment, so
     rewording a comment in the reference never makes a patch stale. `old` names code lines only.
@@ -62,6 +63,10 @@ class Patch:
         indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
         new = [indent + line + "\n" if line else "\n" for line in textwrap.dedent(self.new).strip("\n").splitlines()]
         return "".join(lines[:first] + new + lines[last + 1:])
+
+
+def patched_object(module, name):  # "function" or "Class.method" -> the function object in module
+    return functools.reduce(getattr, name.split("."), module)
 
 
 def code_lines(source):  # -> [(line index, the line's code, stripped)] for the lines that hold code
@@ -108,7 +113,7 @@ class Variant:
         patched = {}
         for patch in self.patches:
             functions = patched.setdefault(patch.module, {})
-            source = functions.get(patch.function) or inspect.getsource(getattr(patch.module, patch.function))
+            source = functions.get(patch.function) or inspect.getsource(patched_object(patch.module, patch.function))
             functions[patch.function] = patch.apply(source, self.name)
         return patched
 
@@ -129,7 +134,7 @@ class Variant:
             original = inspect.getsource(module)
             changed = original
             for name, source in functions.items():
-                changed = changed.replace(inspect.getsource(getattr(module, name)), source, 1)
+                changed = changed.replace(inspect.getsource(patched_object(module, name)), source, 1)
             path = module.__name__.replace(".", "/") + ".py"
             chunks.append("".join(difflib.unified_diff(original.splitlines(keepends=True),
                                                        changed.splitlines(keepends=True), f"a/{path}", f"b/{path}",

@@ -1,0 +1,65 @@
+"""What the drafters' wiring bugs (classroom/drafter_zoo.py) cost: alpha and tokens per target call, greedy, on the
+bundled target with its trained heads, each drafter wired right and with one bug.
+
+    python bench/drafter_zoo.py [--bugs feature_off_by_one,...] [--K 4] [--n_prompts 4] [--n_tokens 48]
+
+Each bug keeps the output exact (both wirings must decode the same tokens, or the run stops), so acceptance is all it
+can lose, and only a trained head shows it. A bug whose head is not in --models_dir (tools/train_heads.py writes
+models/teach-eagle and models/teach-medusa) is reported as skipped, with the reason. Prompts are evenly spaced
+stretches of the held-out text (default: the sample committed in tests/fixtures). Prints one JSON object.
+"""
+
+import argparse
+import json
+
+from bench.heldout import target_and_prompts
+from bench.machine import machine_line
+from classroom import drafter_zoo
+from drafters.load import load_drafter
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models_dir", default="models")
+    parser.add_argument("--target", default="teach-target")
+    parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt")
+    parser.add_argument("--bugs", default=",".join(drafter_zoo.ZOO))
+    parser.add_argument("--K", type=int, default=4)
+    parser.add_argument("--n_prompts", type=int, default=4)
+    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--n_tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    args.bugs = args.bugs.split(",")
+    unknown = [name for name in args.bugs if name not in drafter_zoo.ZOO]
+    if unknown:
+        parser.error(f"unknown bug {unknown[0]!r}: choose from {', '.join(drafter_zoo.ZOO)}")
+    return args
+
+
+def head_arrays(kind, target, models_dir):  # -> the trained head's arrays, as drafters/load.py checks and loads them
+    drafter = load_drafter(kind, target, models_dir)
+    return drafter.head if kind == "eagle" else drafter.heads
+
+
+def measure_bug(bug, target, prompts, args):  # -> the row for one bug
+    row = {"bug": bug.variant.name, "title": bug.variant.title, "source": bug.variant.source, "drafter": bug.kind}
+    try:
+        head = head_arrays(bug.kind, target, args.models_dir)
+    except ValueError as error:  # no trained head here, or one trained on another target
+        return {**row, "skipped": str(error)}
+    rows = drafter_zoo.lost_acceptance(bug, target, head, prompts, N=args.n_tokens, K=args.K)
+    lost = rows["right"]["tokens_per_target_call"] - rows["with_bug"]["tokens_per_target_call"]
+    return {**row, **rows, "lost_tokens_per_target_call": lost}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    target, prompts = target_and_prompts(args)
+    rows = [measure_bug(drafter_zoo.ZOO[name], target, prompts, args) for name in args.bugs]
+    print(json.dumps({"machine": machine_line(), "target": args.target, "K": args.K, "heldout": args.heldout,
+                      "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens,
+                      "temperature": 0, "by_bug": rows}))
+
+
+if __name__ == "__main__":
+    main()
