@@ -96,6 +96,7 @@ def test_with_b_zero_too_every_head_starts_as_the_targets_own_prediction_from_it
         np.testing.assert_allclose(row, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # JAX
 def test_head_logits_and_loss_on_jax_equal_numpy():
     jnp = pytest.importorskip("jax.numpy")
     import jax
@@ -134,6 +135,7 @@ def test_head_k_is_labelled_with_the_token_k_plus_1_after_its_feature():
         head_targets(tokens, 9)
 
 
+@pytest.mark.slow  # JAX
 def test_heads_trained_on_a_periodic_text_draft_its_continuation():
     """The indexing, end to end: heads trained through head_loss on head_targets' labels (JAX), then drafting after
     every prefix. Head k must draft x_{n-1+k}: a feature or a label off by one drafts the period shifted."""

@@ -30,9 +30,9 @@ def tiny_setup(tmp_path):  # -> (models_dir holding a tiny teach-target, corpus_
     return models_dir, corpus_dir
 
 
-def train(models_dir, corpus_dir, state_dir, steps=4):
+def train(models_dir, corpus_dir, state_dir, steps=4, **options):
     train_heads.main("eagle", models_dir=models_dir, corpus_dir=corpus_dir, steps=steps, batch_size=2, seq_len=16,
-                     warmup=1, eval_every=2, validation_tokens=300, state_dir=state_dir, save_minutes=0)
+                     warmup=1, eval_every=2, validation_tokens=300, state_dir=state_dir, save_minutes=0, **options)
     return load_head(models_dir / "teach-eagle", drafter="eagle")
 
 
@@ -69,3 +69,13 @@ def test_an_unknown_drafter_or_a_missing_corpus_is_a_one_line_error(tiny_setup, 
         train_heads.main("lookahead", models_dir=models_dir)
     with pytest.raises(SystemExit, match="build it with python tools/build_corpus.py"):
         train_heads.main("eagle", models_dir=models_dir, corpus_dir=tmp_path / "nowhere")
+
+
+def test_a_later_session_starts_from_a_committed_head(tiny_setup, tmp_path):
+    models_dir, corpus_dir = tiny_setup
+    first, _ = train(models_dir, corpus_dir, tmp_path / "first")
+    (models_dir / "teach-eagle").rename(tmp_path / "committed")
+    again, info = train(models_dir, corpus_dir, tmp_path / "second", steps=2, lr=0.0, init_from=tmp_path / "committed")
+    assert info["training"]["recipe"]["init_from"] == str(tmp_path / "committed")
+    for name, array in flatten(first).items():  # a learning rate of 0 keeps the head it started from
+        np.testing.assert_array_equal(flatten(again)[name], array)

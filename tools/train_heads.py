@@ -39,7 +39,7 @@ import gpt2
 import utils
 from drafters import eagle, kangaroo, medusa
 from drafters.early_exit import default_exit_layer
-from drafters.heads import save_head
+from drafters.heads import load_head, save_head
 from tools import train_pair
 
 TARGET = "teach-target"
@@ -191,9 +191,11 @@ def validation_metrics(kind, head, target_params, windows, batch_size=8):  # -> 
 
 def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None, steps=2000, batch_size=8,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
-         state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0):
+         state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
-    models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter."""
+    models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
+    head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
+    in state_dir does not outlive the machine)."""
     if drafter not in KINDS:
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
@@ -210,11 +212,13 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
                                    for i in range(n_windows)]).astype(np.int32)
     kind = KINDS[drafter](hparams)
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
-              "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens}
+              "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
+              **({"init_from": str(init_from)} if init_from else {})}
     state = train_pair.load_state(state_dir, recipe)
     if state is None:
         rng = np.random.default_rng(seed)
-        head = jax.tree.map(jnp.asarray, kind.init(hparams, rng, target_params))
+        initial = load_head(init_from, drafter)[0] if init_from else kind.init(hparams, rng, target_params)
+        head = jax.tree.map(jnp.asarray, initial)
         log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
                "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0}
         state = {"params": head, "opt_state": train_pair.adamw_init(head), "log": log, "rng": rng.bit_generator.state}
