@@ -156,8 +156,9 @@ def main(argv=None):
         "head": {"folder": args.head, "steps_done": training["steps_done"], "steps": training["recipe"]["steps"],
                  "last_eval": training["evals"][-1] if training["evals"] else None},
         "heldout": {"n_docs": args.n_docs, "tokens": len(tokens)}, "training_tokens": int(counts.sum()),
-        "K": args.K, f"v_{args.K + 1}": v, "temperature": 0, "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens,
-        "n_tokens": args.n_tokens, "repeats": args.repeats, "by_vocabulary": rows}, indent=1))
+        "K": args.K, f"v_{args.K + 1}": v, "temperature": 0, "n_prompts": args.n_prompts,
+        "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "repeats": args.repeats,
+        "by_vocabulary": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ oracle's law equal to the target's at temperature 1. Bad vocabularies are refuse
 
 import functools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,8 @@ from verifiers.tree import tree_speculative_sampling
 
 PROMPT = "def mean(values):\n    total = 0\n    for"
 DYNAMIC = functools.partial(tree_speculative_sampling, drafts="dynamic", n_drafts=2)
-COMMITTED = Path(__file__).parents[1] / "models" / "teach-eagle-vocabulary.json"
+REPO = Path(__file__).parents[1]
+COMMITTED = REPO / "models" / "teach-eagle-vocabulary.json"
 TINY_VOCABULARY = [0, 2]  # leaves out tokens 1 and 3, which the tiny target gives probability > 0 everywhere
 
 
@@ -73,8 +76,8 @@ def test_the_readout_multiplies_the_vocabularys_columns_only_and_is_minus_inf_ou
                                       sampling.GREEDY])
 def test_p_sums_to_1_and_is_zero_outside_the_vocabulary(bundled, settings):
     tokens, target, head, vocabulary = bundled
-    drafts, p = ReducedVocabularyEagle(target, head, 4, vocabulary).propose(tokens, 4, settings,
-                                                                            np.random.default_rng(0), SpeculativeStats())
+    drafter = ReducedVocabularyEagle(target, head, 4, vocabulary)
+    drafts, p = drafter.propose(tokens, 4, settings, np.random.default_rng(0), SpeculativeStats())
     assert p.shape == (4, target.n_vocab) and p.dtype == np.float32
     np.testing.assert_allclose(p.sum(axis=1), 1, atol=1e-5)
     assert not np.delete(p, vocabulary, axis=1).any() and np.isin(drafts, vocabulary).all()
@@ -193,3 +196,25 @@ def test_the_committed_vocabulary_fits_the_bundled_target(bundled):
     ids = check_vocabulary(load_vocabulary(COMMITTED), target.n_vocab)
     assert written["size"] == len(ids) == 1024 and written["n_vocab"] == target.n_vocab
     assert ids.tolist() == written["ids"] and 0.5 < written["coverage"] < 1
+
+
+def test_the_bench_measures_every_size_and_checks_the_tokens(tmp_path):
+    """bench/eagle3_vocabulary.py on the committed head, a few steps of everything: the full vocabulary covers every
+    token, a smaller one no more, and the speculative tokens were checked against autoregressive decoding inside."""
+    np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 4096, 20_000).astype(np.uint16))
+    command = [sys.executable, str(REPO / "bench" / "eagle3_vocabulary.py"), "--tokens", str(tmp_path / "tokens.npy"),
+               "--heldout", "tests/fixtures/heldout_sample.txt", "--sizes", "4096,256", "--repeats", "1",
+               "--n_prompts", "1", "--n_tokens", "6", "--n_docs", "2", "--max_tokens", "300"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout)
+    rows = result["by_vocabulary"]
+    assert [(row["drafter"], row["size"]) for row in rows] == [("EagleTree", 4096), ("ReducedVocabularyEagle", 4096),
+                                                               ("ReducedVocabularyEagle", 256)]
+    assert all(rows[i][key] == 1 for i in (0, 1) for key in ("training_coverage", "greedy_next_token_coverage"))
+    assert 0 < rows[2]["greedy_next_token_coverage"] < 1 and rows[2]["readout_us"]["median"] > 0
+    assert "family" in result["machine"] and result["head"]["steps_done"] > 0 and result["training_tokens"] == 20_000
+    missing = subprocess.run([*command[:2], "--heldout", str(tmp_path / "heldout.txt")], capture_output=True, text=True,
+                             timeout=60, cwd=REPO)
+    assert missing.returncode == 2 and "python tools/build_corpus.py" in missing.stderr
+    assert "Traceback" not in missing.stderr
