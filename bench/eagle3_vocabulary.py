@@ -27,14 +27,14 @@ import engine
 import sampling
 import utils
 from bench.features import spread
-from bench.heldout import require_heldout
+from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_prompts, require_heldout
 from bench.machine import machine_line
 from drafters.eagle2 import EagleTree
 from drafters.eagle3 import ReducedVocabularyEagle, coverage, draft_vocabulary
 from drafters.heads import load_head
 from engine.threads import THREADS
 from speedup import costs
-from speedup.stats import SpeculativeStats, expected_speedup
+from speedup.stats import expected_speedup
 from tools.draft_vocabulary import TOKENS, training_counts
 
 N_NODES = 8  # EagleTree's budget; the chain (propose) never reads it
@@ -50,10 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--sizes", default="4096,2048,1024,512")
     parser.add_argument("--n_docs", type=int, default=8)
     parser.add_argument("--max_tokens", type=int, default=4096, help="of the documents, for the coverage")
-    parser.add_argument("--K", type=int, default=4)
-    parser.add_argument("--n_prompts", type=int, default=4)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
-    parser.add_argument("--n_tokens", type=int, default=48)
+    add_greedy_run_arguments(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -101,17 +98,6 @@ def measure(target, drafters, prompt, K, repeats):  # -> {name: {"c", "v", "read
     return measured
 
 
-def greedy_acceptance(target, drafter, prompts, expected, K, N):  # -> SpeculativeStats over every prompt
-    total = SpeculativeStats()
-    for prompt, reference in zip(prompts, expected):
-        target.reset()
-        x = sampling.speculative_sampling(prompt, drafter, target, N, K, 0, temperature=0, stats=total)
-        if not np.array_equal(x, reference):
-            raise AssertionError("speculative tokens differ from autoregressive decoding")
-    target.reset()
-    return total
-
-
 def main(argv=None):
     args = parse_args(argv)
     require_heldout(args.heldout)
@@ -127,12 +113,7 @@ def main(argv=None):
     tokens = first_documents(encoder, args.heldout, args.n_docs, args.max_tokens)
     greedy_counts = np.bincount(greedy_next_tokens(target, tokens), minlength=hparams["n_vocab"])
     text_counts = np.bincount(tokens, minlength=hparams["n_vocab"])
-    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
-    expected = []
-    for prompt in prompts:
-        target.reset()
-        expected.append(sampling.autoregressive_sampling(prompt, target, args.n_tokens, 0, temperature=0))
+    prompts, expected = greedy_prompts(target, tokens, args.n_prompts, args.prompt_tokens, args.n_tokens)
 
     load_before = os.getloadavg()
     measured = measure(target, drafters, prompts[0], args.K, args.repeats)
@@ -140,7 +121,7 @@ def main(argv=None):
     rows = []
     for name, drafter in drafters.items():
         ids = vocabularies.get(name, np.arange(hparams["n_vocab"]))
-        stats = greedy_acceptance(target, drafter, prompts, expected, args.K, args.n_tokens)
+        stats = greedy_acceptance(target, drafter, prompts, expected, args.K, args.n_tokens, f"vocabulary {name}")
         c = statistics.median(measured[name]["c"])
         rows.append({"drafter": type(drafter).__name__, "size": len(ids),
                      "training_coverage": coverage(counts, ids), "greedy_next_token_coverage": coverage(
