@@ -69,7 +69,10 @@ def load_vocabulary(path):  # -> the ids tools/draft_vocabulary.py wrote
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no draft vocabulary at {path}: write it with python tools/draft_vocabulary.py")
-    return np.asarray(json.loads(path.read_text())["ids"], dtype=np.int64)
+    try:
+        return np.asarray(json.loads(path.read_text())["ids"], dtype=np.int64)
+    except (ValueError, KeyError, TypeError):  # not JSON, no "ids", or ids that are not integers
+        raise ValueError(f"{path} is not a draft vocabulary: a JSON object whose \"ids\" lists token ids") from None
 
 
 class ReducedVocabularyEagle(EagleTree):

@@ -188,6 +188,11 @@ def test_the_tool_writes_the_most_frequent_ids_and_their_coverage(tmp_path):
     with pytest.raises(ValueError, match=r"^no draft vocabulary at .*missing\.json: write it with python "
                                          r"tools/draft_vocabulary\.py$"):
         load_vocabulary(tmp_path / "missing.json")
+    for text in ("not json", '{"size": 2}', '{"ids": ["a"]}'):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ValueError, match=r"^.*bad\.json is not a draft vocabulary: a JSON object whose \"ids\" "
+                                             r"lists token ids$"):
+            load_vocabulary(tmp_path / "bad.json")
 
 
 def test_the_committed_vocabulary_fits_the_bundled_target(bundled):
