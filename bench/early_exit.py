@@ -10,14 +10,13 @@ speculative run's tokens must equal autoregressive decoding's. Prints one JSON o
 import argparse
 import json
 
-import numpy as np
-
+import engine
 import sampling
-from bench.heldout import target_and_prompts
+import utils
+from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_prompts, held_out_tokens, require_heldout
 from bench.machine import machine_line
 from drafters.early_exit import EarlyExit
 from speedup import costs
-from speedup.stats import SpeculativeStats
 
 
 def parse_args(argv=None):
@@ -26,10 +25,7 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt")
     parser.add_argument("--exit_layers", default="1,2,4,6")
-    parser.add_argument("--K", type=int, default=4)
-    parser.add_argument("--n_prompts", type=int, default=4)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
-    parser.add_argument("--n_tokens", type=int, default=48)
+    add_greedy_run_arguments(parser)
     args = parser.parse_args(argv)
     args.exit_layers = [int(layer) for layer in args.exit_layers.split(",")]
     return args
@@ -38,12 +34,7 @@ def parse_args(argv=None):
 def measure_exit(target, exit_layer, prompts, expected, K, N):  # -> the row for one exit layer
     draft = EarlyExit(target, exit_layer)
     measured = costs.measure_costs(target, draft, prompts[0], sampling.GREEDY)
-    total = SpeculativeStats()
-    for prompt, reference in zip(prompts, expected):
-        target.reset()
-        x = sampling.speculative_sampling(prompt, draft, target, N, K, 0, temperature=0, stats=total)
-        if not np.array_equal(x, reference):
-            raise AssertionError(f"exit layer {exit_layer}: speculative tokens differ from autoregressive decoding")
+    total = greedy_acceptance(target, draft, prompts, expected, K, N, f"exit layer {exit_layer}")
     alpha = total.acceptance_rate
     best_K = measured.best_K(alpha)
     return {"exit_layer": exit_layer, "alpha": alpha, "tokens_per_target_call": total.tokens_per_target_call,
@@ -53,11 +44,11 @@ def measure_exit(target, exit_layer, prompts, expected, K, N):  # -> the row for
 
 def main(argv=None):
     args = parse_args(argv)
-    target, prompts = target_and_prompts(args)
-    expected = []
-    for prompt in prompts:
-        target.reset()
-        expected.append(sampling.autoregressive_sampling(prompt, target, args.n_tokens, 0, temperature=0))
+    require_heldout(args.heldout)
+    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    target = engine.fast_model(params, hparams)
+    tokens = held_out_tokens(encoder, args.heldout)
+    prompts, expected = greedy_prompts(target, tokens, args.n_prompts, args.prompt_tokens, args.n_tokens)
     rows = [measure_exit(target, layer, prompts, expected, args.K, args.n_tokens) for layer in args.exit_layers]
     print(json.dumps({"machine": machine_line(), "target": args.target, "n_layer": target.hparams["n_layer"], "K": args.K,
                       "heldout": args.heldout, "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens,

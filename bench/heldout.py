@@ -1,5 +1,7 @@
 """The held-out text the benchmarks draw their prompts from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
-never committed); tests/fixtures/heldout_sample.txt is a small sample of it."""
+never committed); tests/fixtures/heldout_sample.txt is a small sample of it. Greedy runs on evenly spaced prompts of it,
+checked against autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/eagle3_vocabulary.py).
+"""
 
 import ast
 import sys
@@ -9,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 import engine
+import sampling
 import utils
+from speedup.stats import SpeculativeStats
 
 
 def require_heldout(path):
@@ -116,3 +120,28 @@ def copy_prompts(encoder, text, n, max_function_tokens, restart_lines=2):
         raise ValueError(f"the held-out text holds no function of 6 to 40 lines within {max_function_tokens} tokens")
     chosen = [functions[i * len(functions) // n] for i in range(min(n, len(functions)))]
     return [np.asarray(repeat_prompt(encoder, source, restart_lines)[0], dtype=np.int64) for source in chosen]
+def add_greedy_run_arguments(parser):  # the flags of greedy_prompts and greedy_acceptance
+    parser.add_argument("--K", type=int, default=4)
+    parser.add_argument("--n_prompts", type=int, default=4)
+    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--n_tokens", type=int, default=48)
+
+
+def greedy_prompts(target, tokens, n_prompts, prompt_tokens, N):  # -> prompts, the target's greedy tokens after each
+    """n_prompts evenly spaced stretches of tokens, and autoregressive decoding's N tokens after each (x and them)."""
+    prompts, expected = open_prompts(tokens, n_prompts, prompt_tokens), []
+    for prompt in prompts:
+        target.reset()
+        expected.append(sampling.autoregressive_sampling(prompt, target, N, 0, temperature=0))
+    return prompts, expected
+
+
+def greedy_acceptance(target, draft, prompts, expected, K, N, name):  # -> SpeculativeStats over every prompt
+    """Speculative sampling at temperature 0 from each prompt; its tokens must be autoregressive decoding's."""
+    total = SpeculativeStats()
+    for prompt, reference in zip(prompts, expected):
+        target.reset()
+        x = sampling.speculative_sampling(prompt, draft, target, N, K, 0, temperature=0, stats=total)
+        if not np.array_equal(x, reference):
+            raise AssertionError(f"{name}: speculative tokens differ from autoregressive decoding")
+    return total

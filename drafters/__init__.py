@@ -6,9 +6,10 @@ adapter on that exit (arXiv 2404.18911), one attention between two norms with a 
 the untrained exit, and its stop of the chain when the exit is unsure. eagle.py: EAGLE's draft
 head (arXiv 2401.15077), one block that predicts the target's next feature from its feature and the next token,
 with a KV cache of its own. eagle2.py: EAGLE-2's dynamic draft tree (arXiv 2406.16858), the same head growing a
-tree by its own confidence within a node budget. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a residual
-block on the target's feature predicting a token further ahead, drafting a chain or a sparse tree. A drafter plugs
-into the loop as speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts, p), and a tree
+tree by its own confidence within a node budget. eagle3.py: EAGLE-3's reduced draft vocabulary (arXiv 2503.01840),
+the same head reading out over the most frequent tokens only. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a
+residual block on the target's feature predicting a token further ahead, drafting a chain or a sparse tree. A drafter
+plugs into the loop as speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts, p), and a tree
 drafter through `draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are.
 The target's features come from drafters/features.true_features, which reads the rows gpt2.GPT2Model keeps beside
 its KV cache. The heads are trained by tools/train_heads.py and kept on disk by drafters/heads.py.

@@ -89,9 +89,12 @@ class EagleDraft:
     def paired_tokens(self, x):  # [n] -> [n-1]: the token beside each feature of x[:-1]
         return x[1:]  # f_j predicts x_{j+1}, and the head reads f_j with x_{j+1}: the pairing EAGLE trains
 
+    def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab]: the target's unembedding reads the head
+        return predicted @ self.unembedding  # 2-D: a faster layout multiplies rows only
+
     def head_logits(self, features, tokens, start):  # -> the predicted features [n, n_embd], their logits [n_vocab]
         predicted = head_forward(features, tokens, self.head, self.wte, self.n_head, self.cache, start)
-        return predicted, (predicted[-1:] @ self.unembedding)[0]  # 2-D: a faster layout multiplies rows only
+        return predicted, self.readout(predicted[-1:])[0]
 
     def resume(self, x):  # -> the first head slot to refeed: slot j holds a true pair while x[:j+2] is what was fed
         start = max(cache_resume(self.fed, x, n_last=1)[0] - 1, 0)

@@ -140,6 +140,6 @@ class EagleTree(EagleDraft):
 
     def read_out(self, grown, nodes, predicted, n_drafts):
         """Each node's children, ranked by the head's raw log-softmax after it (predicted [len(nodes), n_embd])."""
-        log_probs = log_softmax(predicted @ self.unembedding)  # [len(nodes), n_vocab], untempered
+        log_probs = log_softmax(self.readout(predicted))  # [len(nodes), n_vocab], untempered
         for node, feature, row in zip(nodes, predicted, log_probs):
             grown.expand(node, feature, row, n_drafts)
