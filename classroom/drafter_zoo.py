@@ -100,9 +100,9 @@ BUGS = [
         "or not normed where they must)",
         "the head predicts f_{i+1} after ln_f, as the unembedding reads it; normalising it once more rescales it "
         "and adds ln_f's bias, so the drafts' logits are not the ones the head was trained to give",
-        (Patch(eagle, "EagleDraft.head_logits", "return predicted, (predicted[-1:] @ self.unembedding)[0]", """
-            normed = gpt2.layer_norm(predicted[-1:], **self.target.params["ln_f"])  # (bug) it is post-norm already
-            return predicted, (normed @ self.unembedding)[0]
+        (Patch(eagle, "EagleDraft.readout", "return predicted @ self.unembedding", """
+            normed = gpt2.layer_norm(predicted, **self.target.params["ln_f"])  # (bug) it is post-norm already
+            return normed @ self.unembedding
             """),)), EagleDraft, "eagle"),
     DrafterBug(Variant(
         "one_shared_medusa_block", "every Medusa head reading head 1's block",
