@@ -71,3 +71,19 @@ def test_load_drafter_builds_each_drafter_from_its_folder_and_refuses_a_head_of_
         load_drafter("eagle", other, tmp_path)
     with pytest.raises(ValueError, match="unknown drafter 'lookahead'"):
         load_drafter("lookahead", target, tmp_path)
+
+
+def test_the_committed_heads_load_for_the_bundled_target_and_models_stays_within_50_mb():
+    import utils
+    from conftest import REPO
+    from drafters.load import HEAD_FOLDERS
+
+    _, hparams, _ = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    for name, folder in HEAD_FOLDERS.items():
+        head, info = load_head(REPO / "models" / folder, drafter=name)
+        assert info["target_hparams"] == hparams and info["training"]["recipe"]["drafter"] == name
+        assert all(array.dtype == np.float32 for array in flatten(head).values())
+        card = (REPO / "models" / "README.md").read_text()
+        assert f"python tools/train_heads.py {name} --steps {info['training']['recipe']['steps']}" in card
+    size = sum(path.stat().st_size for path in (REPO / "models").rglob("*") if path.is_file())
+    assert size <= 50 * 2**20
