@@ -43,7 +43,7 @@ def target_and_prompts(args):  # -> (the target in engine.fast_model's layout, h
     return engine.fast_model(params, hparams), prompts
 
 
-# Prompts of three kinds for bench/drafters.py, all cut from the held-out text (never from what the pair trained on)
+# Prompts of three kinds for bench/spec_bench.py, all cut from the held-out text (never from what the pair trained on)
 
 def open_prompts(tokens, n, prompt_tokens):
     """n windows of prompt_tokens tokens spread evenly over the held-out tokens (bench/pair.py's): text to continue."""

@@ -1,4 +1,4 @@
-"""A drafter made from the target, by name: what main.py's --draft_model_size and bench/drafters.py build.
+"""A drafter made from the target, by name: what main.py's --draft_model_size and bench/spec_bench.py build.
 
 early-exit needs nothing but the target; eagle, medusa and kangaroo read their trained heads from models/ (written
 by tools/train_heads.py, kept by drafters/heads.py), which must have been trained on this very target's shape.

@@ -377,7 +377,7 @@ ROW_KEYS = {"drafter", "category", "temperature", "K", "n_nodes", "c", "alpha", 
 def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_path):
     for name in ("teach-target", "teach-draft"):  # a models folder without the heads: theirs are skipped, with why
         (tmp_path / name).symlink_to(REPO / "models" / name)
-    command = [sys.executable, "-m", "bench.drafters", "--quick", "--heldout", "tests/fixtures/heldout_sample.txt",
+    command = [sys.executable, "bench/spec_bench.py", "--quick", "--heldout", "tests/fixtures/heldout_sample.txt",
                "--models_dir", str(tmp_path), "--drafters", "draft,prompt-lookup,medusa-chain", "--temperatures", "0",
                "--out", str(tmp_path / "drafters.json")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -385,7 +385,7 @@ def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_pat
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert json.loads((tmp_path / "drafters.json").read_text()) == result
     assert {"machine", "command", "settings", "target_decode_ms", "rows", "skipped"} <= set(result)
-    assert result["machine"].startswith("machine: ") and "bench.drafters --quick" in result["command"]
+    assert result["machine"].startswith("machine: ") and "bench/spec_bench.py --quick" in result["command"]
     assert [(row["drafter"], row["category"]) for row in result["rows"]] == [
         (drafter, category) for category in ("open", "copy", "structured") for drafter in ("draft", "prompt-lookup")]
     for row in result["rows"]:
@@ -434,3 +434,13 @@ def test_held_out_prompts_of_each_kind():
     assert scores == [9 / 13] and set(prompts[0].tolist()) <= {1, 2, 3, 4}  # a 16-token span inside the repeats
     windows = heldout.open_prompts(tokens, 4, 8)  # every (160 - 8 - 1) // 4 = 37 tokens, as bench/pair.py's
     assert [window.tolist() for window in windows] == [tokens[start:start + 8].tolist() for start in (0, 37, 74, 111)]
+
+
+def test_every_bench_script_that_builds_a_drafter_runs_as_a_file():
+    """Python puts a script's own folder first on its path: a bench/drafters.py would hide the drafters package from
+    every script beside it (hence bench/spec_bench.py)."""
+    assert not (REPO / "bench" / "drafters.py").exists()
+    for script in ("spec_bench.py", "early_exit.py", "drafter_zoo.py", "eagle3_vocabulary.py"):
+        completed = subprocess.run([sys.executable, f"bench/{script}", "--help"], capture_output=True, text=True,
+                                   timeout=120, cwd=REPO)
+        assert completed.returncode == 0, completed.stderr[-1000:]

@@ -34,8 +34,8 @@ predicted_speedup_machine_v the same with v(n) measured apart; calibrated_predic
 drafters/load.py's default budget, on the same prompts. At temperature 0 every run's tokens must equal
 autoregressive decoding's: same_tokens_as_autoregressive.
 
-    python -m bench.drafters --out drafters.json                       # minutes: bench/README.md says how many
-    python -m bench.drafters --quick --drafters draft,prompt-lookup    # seconds: that it runs
+    python bench/spec_bench.py --out drafters.json                     # minutes: bench/README.md says how many
+    python bench/spec_bench.py --quick --drafters draft,prompt-lookup  # seconds: that it runs
 
 Prints one JSON line per row as it goes (to stderr), then the JSON object as its last line.
 """
@@ -47,9 +47,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-
-if __name__ == "__main__" and not __package__:  # run as a file, this file would shadow the drafters package
-    raise SystemExit("error: run it as a module from the repository's root: python -m bench.drafters [flags]")
 
 import numpy as np
 
@@ -382,7 +379,7 @@ def main(argv=None):
     draft_model = engine.fast_model(draft_params, draft_hparams)
     measured = costs.measure_costs(target, draft_model, first, budget_seconds=0.3 if args.quick else 2.0)
     drafters, skipped = build_drafters(target, draft_model, args)
-    command = shlex.join(["python", "-m", "bench.drafters", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "bench/spec_bench.py", *(sys.argv[1:] if argv is None else argv)])
     result = {"machine": machine_line(), "command": command,
               "settings": {"target": args.target, "draft": args.draft, "heldout": args.heldout,
                            "prompts": args.prompts, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
