@@ -211,3 +211,18 @@ def test_the_paper_table_holds_the_kit_s_committed_figures():
     assert greedy["temperature"] == 0 and "Zen 4" in rows["hardware"][1]
     slow, fast = map(float, re.search(r"\(([\d.]+) s against ([\d.]+) s", reference).groups())
     assert reference.startswith(f"{slow / fast:.2f}x")
+
+
+def test_the_drafters_table_is_the_committed_benchmark():
+    bench = json.loads((REPO / "bench" / "results" / "drafters_cpu_zen4.json").read_text())
+    assert "family 25, model 17" in bench["machine"] and "bench/spec_bench.py" in bench["command"]
+    rows = {(row["drafter"], row["category"], row["temperature"]): row for row in bench["rows"]}
+    drafters = list(dict.fromkeys(row["drafter"] for row in bench["rows"]))
+    table = table_rows(README, "Drafts from the target")
+    assert len(table) == len(drafters) >= 6 and len({row["category"] for row in bench["rows"]}) >= 3
+    cell = lambda row: f"{row['speedup']['median']:.2f}x ({row['predicted_speedup']:.2f}x)"
+    for cells, drafter in zip(table, drafters):
+        open_row = rows[(drafter, "open", 0)]
+        assert cells[1:] == [f"{open_row['c']:.2f}", f"{open_row['alpha']:.2f}", cell(open_row),
+                             cell(rows[(drafter, "copy", 0)]), cell(rows[(drafter, "structured", 0)]),
+                             cell(rows[(drafter, "open", 1)])]
