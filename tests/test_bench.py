@@ -406,7 +406,7 @@ def test_drafters_bench_replays_what_each_loop_accepted():
     from drafters.eagle2 import EagleTree
     from speedup.drafts import PromptLookup
 
-    bench = load_bench("drafters")
+    bench = load_bench("spec_bench")
     params = gpt2.init_params(TINY, np.random.default_rng(0))
     target = gpt2.GPT2Model(params, TINY)
     prompt = np.array([5, 17, 3, 9, 5, 17, 3, 9, 5, 17], dtype=np.int64)
