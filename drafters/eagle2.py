@@ -33,14 +33,7 @@ import numpy as np
 from drafters.eagle import EagleDraft, head_forward
 from drafters.features import true_features
 from kvcache.tree import tree_ancestry, tree_mask
-from verifiers.tree import TokenTree
-
-
-def check_n_nodes(n_nodes):  # -> n_nodes as an int, or a ValueError
-    if isinstance(n_nodes, bool) or not isinstance(n_nodes, (int, np.integer)) or n_nodes < 1:
-        raise ValueError(f"n_nodes (the draft tree's budget of nodes) must be an integer of at least 1, "
-                         f"got {n_nodes!r}")
-    return int(n_nodes)
+from verifiers.tree import TokenTree, check_n_nodes
 
 
 def log_softmax(logits):  # [m, n_vocab] -> [m, n_vocab], every entry <= 0

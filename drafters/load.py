@@ -11,10 +11,10 @@ from drafters.early_exit import EARLY_EXIT, EarlyExit
 from drafters.heads import load_head
 from drafters.kangaroo import AdaptedEarlyExit
 from drafters.medusa import MedusaDraft
+from verifiers.tree import DEFAULT_N_NODES
 
 HEAD_FOLDERS = {"eagle": "teach-eagle", "medusa": "teach-medusa", "kangaroo": "teach-kangaroo"}
 DRAFTERS = (EARLY_EXIT, *HEAD_FOLDERS)
-DEFAULT_N_NODES = 8  # a tree's budget: on a CPU a tree of n nodes costs about a chain of n tokens to verify
 
 
 def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=None):

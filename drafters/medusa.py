@@ -37,10 +37,9 @@ import numpy as np
 import gpt2
 import sampling
 from drafters.features import true_features
-from verifiers.tree import TokenTree
+from verifiers.tree import DEFAULT_N_NODES, TokenTree, check_n_nodes
 
 LOSS_DECAY = 0.8  # Medusa-1's loss weights lambda_k = 0.8^k: a far head's loss counts less, its token is harder
-DEFAULT_N_NODES = 8  # small: on a CPU a tree of n nodes costs about a chain of n tokens to verify
 
 
 def init_heads(hparams, n_heads, rng):
@@ -131,9 +130,7 @@ class MedusaDraft:
             if accuracies.ndim != 2 or len(accuracies) != n_heads or not np.all((accuracies >= 0) & (accuracies <= 1)):
                 raise ValueError(f"accuracies must be [{n_heads}, top] probabilities (one row per head), got "
                                  f"shape {list(accuracies.shape)}")
-        if not (sampling.is_integer(n_nodes) and n_nodes >= 1):
-            raise ValueError(f"n_nodes must be a positive integer, got {n_nodes!r}")
-        self.target, self.heads, self.accuracies, self.n_nodes = target, heads, accuracies, int(n_nodes)
+        self.target, self.heads, self.accuracies, self.n_nodes = target, heads, accuracies, check_n_nodes(n_nodes)
         self.n_vocab, self.n_ctx, self.n_heads = target.n_vocab, target.n_ctx, n_heads
         self.unembedding = target.params["wte"].T if target.unembedding is None else target.unembedding
 

@@ -304,7 +304,8 @@ def test_bad_targets_heads_accuracies_and_budgets_are_refused(bundled):
            ((target, {"heads": []}), {}, "each head must hold .*, got no head"),
            ((target, heads), {"accuracies": np.ones((3, 2))}, r"accuracies must be \[4, top\]"),
            ((target, heads), {"accuracies": np.full((4, 2), 1.5)}, "accuracies must be"),
-           ((target, heads), {"n_nodes": 0}, "n_nodes must be a positive integer, got 0")]
+           ((target, heads), {"n_nodes": 0}, r"n_nodes \(the draft tree's budget of nodes\) must be an integer of at "
+                                             "least 1, got 0")]
     for args, kwargs, message in bad:
         with pytest.raises(ValueError, match=message):
             MedusaDraft(*args, **kwargs)

@@ -28,12 +28,21 @@ import time
 
 import numpy as np
 
-from sampling import SamplingSettings, logits_to_probs, next_token_probs, one_hot, sample, timed_probs
+from sampling import SamplingSettings, is_integer, logits_to_probs, next_token_probs, one_hot, sample, timed_probs
 from speedup.drafts import continuation_starts
 from verifiers.loop import Loop, decode
 from verifiers.multi_draft import check_n_drafts, draw_distinct_drafts, draw_independent_drafts, recursive_rejection
 
 DRAFTS = ("sampled", "top_k", "lookup", "dynamic")
+DEFAULT_N_NODES = 8  # a dynamic tree's budget: on a CPU a tree of n nodes costs about a chain of n tokens to verify
+
+
+def check_n_nodes(n_nodes):  # -> n_nodes as an int, or a ValueError
+    """A tree's budget of nodes, as the drafters that grow their own trees take it (drafts="dynamic")."""
+    if not (is_integer(n_nodes) and n_nodes >= 1):
+        raise ValueError(f"n_nodes (the draft tree's budget of nodes) must be an integer of at least 1, "
+                         f"got {n_nodes!r}")
+    return int(n_nodes)
 
 
 def tree_speculative_sampling(x, draft_model, target_model, N, K, rng=None, *, n_drafts=3, replacement=False,
