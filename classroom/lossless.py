@@ -27,7 +27,7 @@ formula's (1 - a^(K+1)) / (1 - a) at a = 1.
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 import numpy as np
@@ -305,8 +305,7 @@ def greedy_test(decoder, problems):
     for problem in problems:
         for K in (1, 2, 3, 5):
             for prompt in (problem.prompt, (0,), (3, 3, 1)):
-                case = Problem(problem.name, problem.draft, problem.target, prompt, 6, K, sampling.GREEDY,
-                               problem.cached, 1)
+                case = replace(problem, prompt=prompt, N=6, K=K, settings=sampling.GREEDY, n_samples=1)
                 draft, target = case.models()
                 expected = sampling.autoregressive_sampling(np.array(prompt), target, case.N, 0, temperature=0)
                 got = run_decoder(decoder, case, draft, target, np.random.default_rng(K))
