@@ -25,7 +25,8 @@ import numpy as np
 
 from classroom import exact_law, lossless
 from classroom.bug_zoo import Patch, Variant
-from sampling import SamplingSettings, draw_drafts, is_real, sample, timed_probs
+from sampling import SamplingSettings, draw_drafts, is_real, sample, speculative_sampling, timed_probs
+from speedup.stats import SpeculativeStats
 from verifiers import block, multi_draft, tree
 from verifiers.loop import Loop, decode
 
@@ -185,6 +186,22 @@ def typical_total_variation(epsilon, delta, problem=None):  # -> a float, 0 for 
     problem = typical_example() if problem is None else problem
     return exact_law.check_exact(typical_acceptance_sampling, problems=[problem], epsilon=epsilon,
                                  delta=delta).max_tv
+
+
+def typical_tokens_per_call(epsilon, delta, problem=None, runs=400, seed=0):  # -> (typical's, Algorithm 2's)
+    """What typical acceptance buys for its total variation: tokens per target call, typical acceptance with
+    thresholds epsilon and delta against speculative sampling, each decoding problem's N tokens `runs` times
+    (problem None: typical_example(), where Algorithm 2 accepts a draft with probability sum min(p, q) = 0.7)."""
+    problem = typical_example() if problem is None else problem
+    rng, per_call = np.random.default_rng(seed), []
+    for decoder, options in ((typical_acceptance_sampling, {"epsilon": epsilon, "delta": delta}),
+                             (speculative_sampling, {})):
+        stats = SpeculativeStats()
+        for _ in range(runs):
+            draft, target = problem.models()
+            decoder(np.array(problem.prompt), draft, target, problem.N, problem.K, rng, stats=stats, **options)
+        per_call.append(stats.tokens_per_target_call)
+    return tuple(per_call)
 
 
 @dataclass(frozen=True)

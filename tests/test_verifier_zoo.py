@@ -144,3 +144,12 @@ def test_the_readme_and_the_docstrings_quote_the_zoo_s_range_of_total_variation(
     low, high = quoted.split("-")
     for doc in (" ".join(exact_law.__doc__.split()), " ".join(verifier_zoo.__doc__.split())):
         assert f"{low} to {high}" in doc and "probability zero" in doc
+
+
+def test_what_typical_acceptance_buys_for_its_total_variation():
+    """At Medusa's thresholds every draft of typical_example() is kept (3 tokens a call, K = 2) where Algorithm 2
+    keeps fewer, at a total variation of 0.45; at thresholds high enough to be lossless it keeps none (1 a call)."""
+    typical, exact = verifier_zoo.typical_tokens_per_call(0.09, 0.3)
+    assert typical == 3.0 and 1.5 < exact < 2.5 and verifier_zoo.typical_total_variation(0.09, 0.3) > 0.4
+    lossless_typical, _ = verifier_zoo.typical_tokens_per_call(0.7, 2.0)
+    assert lossless_typical == 1.0 and verifier_zoo.typical_total_variation(0.7, 2.0) == pytest.approx(0, abs=1e-12)
