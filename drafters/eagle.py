@@ -109,7 +109,7 @@ class EagleDraft:
         drafts, p = [], []
         if K > 0 and len(x) >= 2:
             start = self.resume(x)
-            features, tokens = true_features(self.target, x[:-1])[start:], self.paired_tokens(x)[start:]
+            features, tokens = true_features(self.target, x[:-1], start), self.paired_tokens(x)[start:]
             for _ in range(K):
                 features, logits = self.head_logits(features, tokens, start)
                 p.append(sampling.logits_to_probs(logits, settings))

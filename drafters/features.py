@@ -11,8 +11,9 @@ import gpt2
 from kvcache.contract import common_prefix_length
 
 
-def true_features(target, x):  # [n] -> [n, n_embd], a copy
-    """The target's (a NumPy gpt2.GPT2Model's) features at x's positions.
+def true_features(target, x, start=0):  # [n] -> [n - start, n_embd], a copy
+    """The target's (a NumPy gpt2.GPT2Model's) features at x's positions from `start` on (a drafter reads only the
+    rows it has not read yet: copying them all at every proposal would cost a drafter's step more than it needs).
 
     A cached target's rows for x are read from its `features`. What its cache lacks of x (a prompt it has not read
     yet) is fed through the cache first, as logits(x) feeds it: the next verification, reading x and the drafts,
@@ -24,7 +25,7 @@ def true_features(target, x):  # [n] -> [n, n_embd], a copy
     x = np.asarray(x, dtype=np.int64)
     if not target.use_cache:
         states, _ = gpt2.hidden_states(x, **target.params, n_head=target.hparams["n_head"], cache=None, start=0)
-        return states[-1]
+        return states[-1][start:]
     if common_prefix_length(target.cached_tokens, x) < len(x):
         target.logits(x, n_last=1)  # fills the cache and the features up to x; the logits are not needed here
-    return target.features[:len(x)].copy()  # a copy: the target's later calls overwrite its rows
+    return target.features[start:len(x)].copy()  # a copy: the target's later calls overwrite its rows

@@ -141,7 +141,7 @@ class MedusaDraft:
         return min(K, self.n_heads) if len(x) >= 2 else 0
 
     def logits_after(self, x, depth):  # -> [depth, n_vocab]: heads 1..depth at the feature that produced x[-1]
-        feature = true_features(self.target, x[:-1])[-1]  # f_{n-2}, [n_embd]
+        feature = true_features(self.target, x[:-1], start=len(x) - 2)[0]  # f_{n-2}, [n_embd]
         return head_logits(feature, {"heads": self.heads["heads"][:depth]}, self.unembedding)
 
     def propose(self, x, K, settings, rng, stats):  # -> drafts [min(K, n_heads) or 0], p [same, n_vocab]
