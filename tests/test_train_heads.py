@@ -73,9 +73,10 @@ def test_an_unknown_drafter_or_a_missing_corpus_is_a_one_line_error(tiny_setup, 
 
 def test_a_later_session_starts_from_a_committed_head(tiny_setup, tmp_path):
     models_dir, corpus_dir = tiny_setup
-    first, _ = train(models_dir, corpus_dir, tmp_path / "first")
+    first, first_info = train(models_dir, corpus_dir, tmp_path / "first")
     (models_dir / "teach-eagle").rename(tmp_path / "committed")
     again, info = train(models_dir, corpus_dir, tmp_path / "second", steps=2, lr=0.0, init_from=tmp_path / "committed")
     assert info["training"]["recipe"]["init_from"] == str(tmp_path / "committed")
+    assert info["training"]["continued_from"]["steps_done"] == first_info["training"]["steps_done"]  # history kept
     for name, array in flatten(first).items():  # a learning rate of 0 keeps the head it started from
         np.testing.assert_array_equal(flatten(again)[name], array)

@@ -217,10 +217,11 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     state = train_pair.load_state(state_dir, recipe)
     if state is None:
         rng = np.random.default_rng(seed)
-        initial = load_head(init_from, drafter)[0] if init_from else kind.init(hparams, rng, target_params)
+        initial, earlier = load_head(init_from, drafter) if init_from else (kind.init(hparams, rng, target_params), {})
         head = jax.tree.map(jnp.asarray, initial)
         log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
-               "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0}
+               "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0,
+               **({"continued_from": earlier["training"]} if "training" in earlier else {})}
         state = {"params": head, "opt_state": train_pair.adamw_init(head), "log": log, "rng": rng.bit_generator.state}
     else:
         print(f"resuming {state_dir / 'state.pkl'} at step {state['log']['steps_done']}", flush=True)
