@@ -2,8 +2,9 @@
 model loads: --draft_model_size early-exit, eagle, medusa or kangaroo, with early-exit's --exit_layer and the tree's
 --tree_nodes (eagle and medusa growing their own tree, --verifier tree --tree_drafts dynamic).
 
-Every one of them reads the NumPy target's cache or features, so none runs with --backend jax; eagle, medusa and
-kangaroo read their trained head from the folder drafters.load.HEAD_FOLDERS names in --models_dir.
+early-exit and kangaroo run the target's first layers on the NumPy target's own KV cache, so they need --backend
+numpy; eagle and medusa read only the target's features, which the JAX model keeps too. eagle, medusa and kangaroo
+read their trained head from the folder drafters.load.HEAD_FOLDERS names in --models_dir.
 """
 
 import json
@@ -17,19 +18,20 @@ from speedup import drafts
 
 TREE_GROWING_DRAFTERS = ("eagle", "medusa")  # the drafters with draft_tree (--tree_drafts dynamic)
 WITHOUT_A_MODEL = (drafts.PROMPT_LOOKUP, *DRAFTERS)  # drafts with no model folder of their own
+SHARING_THE_CACHE = (EARLY_EXIT, "kangaroo")  # the drafters that run the NumPy target's first layers on its cache
 
 
 def check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer, tree_nodes, tree_drafts):
     """-> (exit_layer, tree_nodes), each None where it does not apply: --exit_layer for early-exit (a quarter of the
     target's layers when not given), --tree_nodes for a dynamic tree (drafters.load.DEFAULT_N_NODES when not given);
     a head that is missing, or trained on a target of another shape, is refused here, before the target loads."""
+    if draft_model_size in SHARING_THE_CACHE and backend != "numpy":
+        raise ValueError(f"--draft_model_size {draft_model_size} shares the NumPy target's KV cache: it needs "
+                         "--backend numpy")
     if draft_model_size in HEAD_FOLDERS:
-        if backend != "numpy":
-            raise ValueError(f"--draft_model_size {draft_model_size} reads the NumPy target's features: it needs "
-                             "--backend numpy")
         check_head_folder(draft_model_size, target_model_size, models_dir)
     tree_nodes = check_tree_nodes(tree_nodes, tree_drafts)
-    return check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend), tree_nodes
+    return check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir), tree_nodes
 
 
 def check_head_folder(name, target_model_size, models_dir):
@@ -64,7 +66,7 @@ def check_tree_nodes(tree_nodes, tree_drafts):
     return int(tree_nodes)
 
 
-def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir, backend):
+def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir):
     """--exit_layer, for --draft_model_size early-exit only: -> the layer, None for other drafts. Not given, it is a
     quarter of the target's layers (docs/DRAFTERS.md says why), read from its hparams.json before the checkpoint
     loads; a folder still to be downloaded is checked when its model is built (drafters.early_exit.EarlyExit)."""
@@ -73,8 +75,6 @@ def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir
             theirs = " (kangaroo reads its own from its head)" if draft_model_size == "kangaroo" else ""
             raise ValueError(f"--exit_layer applies to --draft_model_size early-exit, not {draft_model_size}{theirs}")
         return None
-    if backend != "numpy":
-        raise ValueError("--draft_model_size early-exit shares the NumPy target's KV cache: it needs --backend numpy")
     path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
     n_layer = utils.load_hparams(path)["n_layer"] if os.path.isfile(path) else None
     if exit_layer is None:

@@ -39,7 +39,7 @@ import numpy as np
 
 import gpt2
 import sampling
-from drafters.features import true_features
+from drafters.features import host_embeddings, true_features
 from kvcache.contract import cache_resume
 
 def init_head(hparams, rng):
@@ -64,21 +64,18 @@ def head_forward(features, tokens, head, wte, n_head, cache, start, mask=None): 
 
 
 class EagleDraft:
-    """EAGLE's head (init_head's nesting) drafting a chain for a gpt2.GPT2Model target, whose features and unembedding
-    it reads (feeding the target's cache only what it lacks of x, as the next verification would). `propose` is
+    """EAGLE's head (init_head's nesting) drafting a chain for a gpt2.GPT2Model or JaxGPT2Model target, whose features
+    and unembedding it reads (feeding the target's cache only what it lacks of x, as the next verification would). `propose` is
     sampling.draw_drafts' contract."""
 
     def __init__(self, target, head):
-        if not isinstance(target, gpt2.GPT2Model):
-            raise ValueError("EAGLE's head reads a NumPy gpt2.GPT2Model's features: the target must be one")
+        self.wte, self.unembedding = host_embeddings(target, "EAGLE's head")
         n_embd = target.hparams["n_embd"]
         if np.shape(head["fc"]["w"]) != (2 * n_embd, n_embd):
             raise ValueError(f"the head's fc must be [{2 * n_embd}, {n_embd}] for a target of n_embd {n_embd}, got "
                              f"{list(np.shape(head['fc']['w']))}")
         self.target, self.head, self.n_head = target, head, target.hparams["n_head"]
         self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
-        self.wte = target.params["wte"]
-        self.unembedding = self.wte.T if target.unembedding is None else target.unembedding
         self.cache = gpt2.empty_cache({**target.hparams, "n_layer": 1})[0]  # ([n_head, n_ctx, head_dim], same)
         self.reset()
 

@@ -3,6 +3,7 @@ unembedding turns into the next token's logits (EAGLE's f_i, Medusa's last hidde
 
 A cached gpt2.GPT2Model keeps them beside its KV cache (`features`, one row per cache slot, valid where its
 `cached_tokens` is), written by the very forward pass that verifies the drafts: reading them costs no second forward.
+jax_backend's JaxGPT2Model keeps them the same way on its device; the drafters run on the host and copy the rows.
 """
 
 import numpy as np
@@ -11,8 +12,22 @@ import gpt2
 from kvcache.contract import common_prefix_length
 
 
-def true_features(target, x, start=0):  # [n] -> [n - start, n_embd], a copy
-    """The target's (a NumPy gpt2.GPT2Model's) features at x's positions from `start` on (a drafter reads only the
+def host_embeddings(target, drafter):  # -> wte [n_vocab, n_embd], unembedding [n_embd, n_vocab], float32 NumPy
+    """The target's token embedding and unembedding as a drafter on the host reads them: a NumPy model's own arrays
+    (the unembedding in the layout engine.fast_model chose), a JAX model's copied from its device once. A target
+    that keeps no features (a table, a batched model) is refused, naming `drafter`."""
+    if isinstance(target, gpt2.GPT2Model):
+        wte = target.params["wte"]
+        return wte, wte.T if target.unembedding is None else target.unembedding
+    if getattr(target, "features", None) is None:
+        raise ValueError(f"{drafter} reads the target's features: the target must be a gpt2.GPT2Model or a "
+                         "jax_backend JaxGPT2Model")
+    wte = np.asarray(target.params["wte"], dtype=np.float32)
+    return wte, wte.T
+
+
+def true_features(target, x, start=0):  # [n] -> [n - start, n_embd] float32, a copy
+    """The target's (a gpt2.GPT2Model's or a JaxGPT2Model's) features at x's positions from `start` on (a drafter reads only the
     rows it has not read yet: copying them all at every proposal would cost a drafter's step more than it needs).
 
     A cached target's rows for x are read from its `features`. What its cache lacks of x (a prompt it has not read
@@ -28,4 +43,4 @@ def true_features(target, x, start=0):  # [n] -> [n - start, n_embd], a copy
         return states[-1][start:]
     if common_prefix_length(target.cached_tokens, x) < len(x):
         target.logits(x, n_last=1)  # fills the cache and the features up to x; the logits are not needed here
-    return target.features[start:len(x)].copy()  # a copy: the target's later calls overwrite its rows
+    return np.array(target.features[start:len(x)], dtype=np.float32)  # a copy: the target's later calls overwrite it

@@ -36,7 +36,7 @@ import numpy as np
 
 import gpt2
 import sampling
-from drafters.features import true_features
+from drafters.features import host_embeddings, true_features
 from verifiers.tree import DEFAULT_N_NODES, TokenTree, check_n_nodes
 
 LOSS_DECAY = 0.8  # Medusa-1's loss weights lambda_k = 0.8^k: a far head's loss counts less, its token is harder
@@ -108,7 +108,7 @@ def best_paths(confidence, n_nodes):  # [depth, top] -> up to n_nodes tuples of 
 
 
 class MedusaDraft:
-    """Medusa's heads (init_heads' nesting) on a gpt2.GPT2Model target, whose params it reads and whose cache it
+    """Medusa's heads (init_heads' nesting) on a gpt2.GPT2Model or JaxGPT2Model target, whose params it reads and whose cache it
     never touches. `propose` is sampling.draw_drafts' contract, `draft_tree` verifiers/tree.py's "dynamic" one.
 
     accuracies: [n_heads, top], the measured probability that head k's rank-th token is right (tools/train_heads.py
@@ -116,8 +116,7 @@ class MedusaDraft:
     """
 
     def __init__(self, target, heads, accuracies=None, n_nodes=DEFAULT_N_NODES):
-        if not isinstance(target, gpt2.GPT2Model):
-            raise ValueError("Medusa's heads read a NumPy gpt2.GPT2Model's features: the target must be one")
+        _, self.unembedding = host_embeddings(target, "Medusa's heads")
         n_embd, n_heads = target.hparams["n_embd"], len(heads["heads"])
         shapes = [(list(np.shape(head["w"])), list(np.shape(head["b"]))) for head in heads["heads"]]
         wrong = [k for k, shape in enumerate(shapes) if shape != ([n_embd, n_embd], [n_embd])]
@@ -132,7 +131,6 @@ class MedusaDraft:
                                  f"shape {list(accuracies.shape)}")
         self.target, self.heads, self.accuracies, self.n_nodes = target, heads, accuracies, check_n_nodes(n_nodes)
         self.n_vocab, self.n_ctx, self.n_heads = target.n_vocab, target.n_ctx, n_heads
-        self.unembedding = target.params["wte"].T if target.unembedding is None else target.unembedding
 
     def reset(self):
         """Nothing to forget: the heads keep no cache, the feature is read afresh at every proposal."""

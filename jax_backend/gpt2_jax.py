@@ -1,12 +1,13 @@
 """GPT-2 on JAX: gpt2.py's forward pass run by jax.numpy under jax.jit, the weights on the device.
 
 `JaxGPT2Model` has GPT2Model's interface (`logits(x, n_last)`, jaymody/speculative-sampling's `__call__`,
-`reset`, `n_vocab`, `n_ctx`, and the token tree's `tree_logits` and `keep_tree_path`), so the sampling
-algorithms and verifiers/ use it unchanged. What makes it fast on an accelerator:
+`reset`, `n_vocab`, `n_ctx`, the token tree's `tree_logits` and `keep_tree_path`, and the `features` a drafter
+reads), so the sampling algorithms, verifiers/ and the drafters that read features use it unchanged. What makes it
+fast on an accelerator:
 
 - The weights are copied to the device once. The KV cache lives there too, as static-shape buffers of
-  n_ctx positions per layer (gpt2.empty_cache); the jitted step donates them, so XLA updates them in
-  place instead of copying the whole cache every token.
+  n_ctx positions per layer (gpt2.empty_cache) beside the features of every slot (`DeviceCache`); the jitted
+  step donates them, so XLA updates them in place instead of copying the whole cache every token.
 - The step is compiled once per *bucket*, not once per call: the tokens to feed are padded to the next
   power of two (capped at n_ctx) and their position `start` is a traced scalar, so decoding token after
   token reuses one compiled program. The padding is harmless: padded positions come after every real
@@ -23,6 +24,7 @@ and computes in bfloat16 throughout (gpt2.attention casts its float32-masked sco
 import collections
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -96,12 +98,28 @@ def sample_inverse_cdf(probs, uniform):  # [n_vocab], scalar in [0, 1) -> token 
 # Traced arguments: tokens, positions, row offsets and K, so that new values never recompile.
 
 
+class DeviceCache(NamedTuple):
+    """What a JAX model keeps on the device between calls, slot by slot (slots on axis 1 of every buffer)."""
+
+    layers: list  # n_layer x (keys, values), each [n_head, n_ctx, head_dim] (gpt2.empty_cache)
+    features: jax.Array  # [1, n_ctx, n_embd]: each slot's state after ln_f, what a drafter reads (drafters/features.py)
+
+
+def empty_device_cache(hparams, dtype):
+    return DeviceCache(gpt2.empty_cache(hparams, xp=jnp, dtype=dtype),
+                       jnp.zeros((1, hparams["n_ctx"], hparams["n_embd"]), dtype))
+
+
 def forward(params, cache, tokens, start, n_head, positions=None, mask=None):  # [n_seq] -> [n_seq, n_vocab], cache
-    """gpt2.gpt2_with_cache, its matmuls at full precision: XLA would use TF32 (a 10-bit mantissa) for
-    float32 on NVIDIA GPUs. Memory-bound decoding loses nothing by it."""
+    """gpt2.gpt2_with_cache, writing the tokens' features to their slots beside their keys and values, its matmuls at
+    full precision: XLA would use TF32 (a 10-bit mantissa) for float32 on NVIDIA GPUs. Memory-bound decoding loses
+    nothing by it."""
     with jax.default_matmul_precision("highest"):
-        return gpt2.gpt2_with_cache(tokens, **params, n_head=n_head, cache=cache, start=start, positions=positions,
-                                    mask=mask)
+        states, layers = gpt2.hidden_states(tokens, **params, n_head=n_head, cache=cache.layers, start=start,
+                                            positions=positions, mask=mask)
+        logits = gpt2.unembed(states[-1], params["wte"])
+    features = lax.dynamic_update_slice_in_dim(cache.features, states[-1][None].astype(cache.features.dtype), start, 1)
+    return logits, DeviceCache(layers, features)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,10 +180,10 @@ def feed_tree(params, cache, tokens, positions, mask, start, n_head):
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def move_cache_slots(cache, sources, destinations):
-    """Every layer's keys and values at slots `sources` copied to slots `destinations` (all read before any write)."""
+    """Every layer's keys and values and the features at slots `sources` copied to slots `destinations` (all read
+    before any write)."""
     TRACES["move_cache_slots"] += 1
-    return [(keys.at[:, destinations].set(keys[:, sources]), values.at[:, destinations].set(values[:, sources]))
-            for keys, values in cache]
+    return jax.tree.map(lambda buffer: buffer.at[:, destinations].set(buffer[:, sources]), cache)
 
 
 # ------------------------------------------------------------------------------------------ the model
@@ -174,8 +192,12 @@ def move_cache_slots(cache, sources, destinations):
 class JaxGPT2Model(CachedModel):
     """GPT2Model's interface and cache rollback, computed by JAX on its default device.
 
-    The cache has the compute dtype (float32, or bfloat16 to halve its reads as well as the weights').
+    The cache has the compute dtype (float32, or bfloat16 to halve its reads as well as the weights'). `features`,
+    as gpt2.GPT2Model's, is the state after ln_f of the token in each cache slot, valid where `cached_tokens` is
+    (written by every call that feeds a slot, the device loops of sampling_jax included).
     """
+
+    use_cache = True  # always: the cache is what the device keeps
 
     def __init__(self, params, hparams, dtype="float32"):
         if dtype not in COMPUTE_DTYPES:
@@ -189,8 +211,12 @@ class JaxGPT2Model(CachedModel):
 
     def reset(self):
         """Forget everything cached (start a new sequence)."""
-        self.cache = gpt2.empty_cache(self.hparams, xp=jnp, dtype=COMPUTE_DTYPES[self.dtype])
+        self.cache = empty_device_cache(self.hparams, COMPUTE_DTYPES[self.dtype])
         super().reset()
+
+    @property
+    def features(self):  # [n_ctx, n_embd] on the device, in the compute dtype
+        return self.cache.features[0]
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab], float32 NumPy
         x = self._check_tokens(x)
@@ -255,7 +281,7 @@ class JaxGPT2Model(CachedModel):
 
     def keep_tree_path(self, nodes):
         """After tree_logits: keep the accepted path (node indices, root down, possibly none) as if fed after x;
-        its nodes' keys and values move to their depths' slots in one device call."""
+        its nodes' keys, values and features move to their depths' slots in one device call."""
         x, tokens, nodes = self.take_tree_path(nodes)
         if len(nodes):
             n_moves = bucket_size(len(nodes), self.n_ctx)  # padded with the last move again: the same write

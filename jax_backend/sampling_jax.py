@@ -272,8 +272,8 @@ def batched_prepared(xs, N, models, rngs, stats, K=0):
     return x, T, buffers, bucket_size(max(len(row) for row in x), n_ctx), rngs, stats
 
 
-def batched_cache(model, batch_size):  # n_layer x ([B, n_head, n_ctx, head_dim] x 2), allocated once per batch
-    return [tuple(jnp.zeros((batch_size, *buffer.shape), buffer.dtype) for buffer in layer) for layer in model.cache]
+def batched_cache(model, batch_size):  # model.cache's buffers with a leading row axis [B, ...], allocated once per batch
+    return jax.tree.map(lambda buffer: jnp.zeros((batch_size, *buffer.shape), buffer.dtype), model.cache)
 
 
 def batched_uniforms(rngs, counts):  # -> [B, the longest padded count]: uniforms_from for each row's Generator

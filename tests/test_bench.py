@@ -357,13 +357,15 @@ def test_lookup_prompts_end_where_the_vocabulary_cuts_the_text():
     assert encoder.encode(text)[-1] != encoder.encode("\n")[0]  # not the lone line break that encoding apart ends on
 
 
-def test_features_bench_times_the_kept_features_beside_the_logits_alone():
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_features_bench_times_the_kept_features_beside_the_logits_alone(backend):
     command = [sys.executable, str(REPO / "bench" / "features.py"), "--rounds", "2", "--calls", "2", "--prompt_tokens",
-               "8"]
+               "8", "--backend", backend]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout)
-    assert result["logits_identical"] and result["blas_threads"] == 1 and "family" in result["machine"]
+    assert result["logits_identical"] and result["backend"] == backend and result["blas_threads"] == 1
+    assert "family" in result["machine"]
     for call in ("decode_step", "verify_5"):
         row = result[call]
         assert row["with_features_ms"] > 0 and row["logits_only_ms"] > 0

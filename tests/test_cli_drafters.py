@@ -45,10 +45,18 @@ def test_each_drafter_writes_the_autoregressive_tokens_and_reports_its_costs(cap
         assert f"a token tree of {tree_nodes} nodes grown by {keywords['draft_model_size']}" in out
 
 
+@pytest.mark.parametrize("name", ["eagle", "medusa"])
+def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
+    result = main.main(prompt=PROMPT, n_tokens_to_generate=8, K=3, temperature=0, repeats=1, color=False,
+                       draft_model_size=name, backend="jax")
+    assert result["speculative"]["new_tokens"] == result["autoregressive"]["new_tokens"]
+    assert result["speculative"]["acceptance_rate"] > 0  # the drafts read real features, not zeros
+
+
 @pytest.mark.parametrize("keywords, message", [
-    (dict(draft_model_size="eagle", backend="jax"), "--draft_model_size eagle reads the NumPy target's features: it "
-                                                    "needs --backend numpy"),
-    (dict(draft_model_size="kangaroo", backend="jax"), "needs --backend numpy"),
+    (dict(draft_model_size="kangaroo", backend="jax"), "--draft_model_size kangaroo shares the NumPy target's KV "
+                                                       "cache: it needs --backend numpy"),
+    (dict(draft_model_size="early-exit", backend="jax"), "needs --backend numpy"),
     (dict(draft_model_size="kangaroo", exit_layer=2), "--exit_layer applies to --draft_model_size early-exit, not "
                                                       "kangaroo"),
     (dict(draft_model_size="eagle", tree_nodes=4), "--tree_nodes applies to the tree eagle or medusa grow"),

@@ -107,3 +107,40 @@ def test_eagle_costs_the_target_one_forward_per_loop_and_the_prompt_once(monkeyp
     assert forwards[0] == (0, len(tokens) - 1, True)  # the prompt but its last token, fed for its features
     assert all(cached for _, _, cached in forwards)  # no separate forward without the cache
     assert sum(n_fed for _, n_fed, _ in forwards[1:]) == stats.drafted + stats.loops
+
+
+# ------------------------------------------------------------------ the JAX model keeps them on its device
+
+
+def test_the_jax_model_keeps_a_fresh_forwards_features_through_every_call_that_feeds_its_cache():
+    """Its blocks (padded to buckets, rolled back), draft() and the device loops of sampling_jax write the features
+    of the slots they feed, as gpt2.GPT2Model's forward does (its trees: tests/test_tree_attention.py)."""
+    jax = pytest.importorskip("jax")
+    from jax_backend import gpt2_jax, sampling_jax
+
+    model = gpt2_jax.JaxGPT2Model(PARAMS, HPARAMS)
+    assert model.features.shape == (HPARAMS["n_ctx"], HPARAMS["n_embd"]) and model.features.dtype == jax.numpy.float32
+    other = TOKENS.copy()
+    other[9:] = (other[9:] + 1) % HPARAMS["n_vocab"]
+    for x in (TOKENS[:6], TOKENS[:11], other[:15], other[:9]):
+        model.logits(x, n_last=2)
+        assert_close(true_features(model, x), fresh_features(x))
+    model.draft(TOKENS[:9], 4, [0.5] * 4)
+    assert_close(true_features(model, model.cached_tokens), fresh_features(model.cached_tokens))
+    for decoder, models in (("autoregressive_sampling", [model]), ("speculative_sampling",
+                                                                   [gpt2_jax.JaxGPT2Model(PARAMS, HPARAMS), model])):
+        model.reset()
+        getattr(sampling_jax, decoder)(TOKENS[:5], *models, 12, **({"K": 3} if len(models) == 2 else {}),
+                                       rng=np.random.default_rng(0), stats=SpeculativeStats())
+        assert_close(true_features(model, model.cached_tokens), fresh_features(model.cached_tokens))
+
+
+def test_eagle_drafts_from_a_jax_target_what_it_drafts_from_a_numpy_one():
+    pytest.importorskip("jax")
+    from jax_backend import gpt2_jax
+
+    head, x, settings = init_head(HPARAMS, np.random.default_rng(1)), TOKENS[:12], sampling.SamplingSettings()
+    proposals = [EagleDraft(target, head).propose(x, 3, settings, np.random.default_rng(2), SpeculativeStats())
+                 for target in (gpt2.GPT2Model(PARAMS, HPARAMS), gpt2_jax.JaxGPT2Model(PARAMS, HPARAMS))]
+    assert np.array_equal(proposals[0][0], proposals[1][0])
+    assert_close(proposals[1][1], proposals[0][1])

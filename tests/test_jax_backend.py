@@ -175,7 +175,7 @@ def test_float32_matmuls_are_not_lowered_to_tf32(long_setup):
 def test_bfloat16_mode_runs_close_to_float32(long_setup):
     params, tokens, expected = long_setup
     model = gpt2_jax.JaxGPT2Model(params, LONG, dtype="bfloat16")
-    assert all(k.dtype == jax.numpy.bfloat16 for k, _ in model.cache)
+    assert all(buffer.dtype == jax.numpy.bfloat16 for buffer in jax.tree.leaves(model.cache))
     assert model.params["wte"].dtype == jax.numpy.bfloat16
     logits = model.logits(tokens[:16], n_last=16)
     assert logits.dtype == np.float32 and logits.shape == (16, LONG["n_vocab"])
@@ -191,7 +191,7 @@ def test_bfloat16_mode_multiplies_in_bfloat16(long_setup):
     model = gpt2_jax.JaxGPT2Model(params, LONG, dtype="bfloat16")
     step = lambda p, cache, tokens, start: gpt2.gpt2_with_cache(tokens, **p, n_head=LONG["n_head"], cache=cache,
                                                                  start=start)
-    jaxpr = jax.make_jaxpr(step)(model.params, model.cache, np.zeros(1, np.int32), np.int32(3))
+    jaxpr = jax.make_jaxpr(step)(model.params, model.cache.layers, np.zeros(1, np.int32), np.int32(3))
     operand_dtypes = [str(var.aval.dtype) for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"
                       for var in eqn.invars]
     assert len(operand_dtypes) == 2 * (6 * LONG["n_layer"] + 1)

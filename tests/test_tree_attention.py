@@ -67,6 +67,10 @@ def tiny():
     return params, models, gpt2.GPT2Model(params, TINY, use_cache=False)
 
 
+def kv_layers(model):  # n_layer x (keys, values): a NumPy model's cache, a JAX model's DeviceCache.layers
+    return getattr(model.cache, "layers", model.cache)
+
+
 def check_tree_then_path(model, reference, fresh_model, x, tokens, parents, path, rng):
     """tree_logits against plain feeds; after keep_tree_path(path), the cache and the next call against a fresh model."""
     logits = model.tree_logits(x, tokens, parents)
@@ -79,9 +83,10 @@ def check_tree_then_path(model, reference, fresh_model, x, tokens, parents, path
     fresh.logits(kept)
     if getattr(model, "use_cache", True):  # JaxGPT2Model always caches
         assert np.array_equal(model.cached_tokens, kept)
-        for (keys, values), (fresh_keys, fresh_values) in zip(model.cache, fresh.cache):
+        for (keys, values), (fresh_keys, fresh_values) in zip(kv_layers(model), kv_layers(fresh)):
             np.testing.assert_allclose(keys[:, :len(kept)], fresh_keys[:, :len(kept)], **TOLERANCE)
             np.testing.assert_allclose(values[:, :len(kept)], fresh_values[:, :len(kept)], **TOLERANCE)
+        np.testing.assert_allclose(model.features[:len(kept)], fresh.features[:len(kept)], **TOLERANCE)  # moved too
     following = np.concatenate([kept, rng.integers(0, reference.n_vocab, 2)])
     got, expected = model.logits(following, n_last=3), fresh.logits(following, n_last=3)
     assert got.dtype == np.float32
