@@ -31,7 +31,8 @@ drafts over loops that judged a draft at depth d), tokens per target call, c, an
 the measured loops, c and verification cost (each in the rounds' autoregressive decode steps, as bench/pair.py);
 predicted_speedup_machine_v the same with v(n) measured apart; calibrated_prediction what the calibration expected.
 "at_K4" (temperature 0) sets the distilled draft beside EAGLE's chain at K = 4 and its dynamic tree at depth 4 with
-drafters/load.py's default budget, on the same prompts. At temperature 0 every run's tokens must equal
+drafters/load.py's default budget and the larger budgets an accelerator would verify for about a step's cost (16 and
+32 nodes), on the same prompts. At temperature 0 every run's tokens must equal
 autoregressive decoding's: same_tokens_as_autoregressive.
 
     python bench/spec_bench.py --out drafters.json                     # minutes: bench/README.md says how many
@@ -68,6 +69,7 @@ CHAIN_K_MAX = 8  # a chain is calibrated at this K; its loops cut at K = 1..8 pr
 EAGLE_TREES = ((2, 4), (4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small, a CPU prices n nodes as a chain of n
 MEDUSA_TREE_NODES = (4, 8, 12)  # Medusa's depth is its number of heads
 CHILDREN = 3  # a tree's n_drafts: the children a node may get
+K4_TREE_NODES = (DEFAULT_N_NODES, 16, 32)  # at_K4's tree budgets: the CLI's default, then an accelerator's sizes
 QUICK = {"prompts": 1, "new_tokens": 8, "repeats": 1}
 FULL = {"prompts": 3, "new_tokens": 48, "repeats": 3}
 
@@ -329,9 +331,9 @@ def bench_category(drafters, category, prompts, target, args, temperature, measu
 
 def at_K4(drafters, prompts_by_category, target, new_tokens):  # -> rows: draft vs EAGLE at K = 4, temperature 0
     """Alpha and tokens per target call of the draft and EAGLE's chain at K = 4, and of EAGLE-2's tree at depth 4
-    within drafters/load.py's default budget, one greedy run per prompt, per category and over all of them."""
-    compared = [(d, (4, DEFAULT_N_NODES if d.is_tree else None)) for d in drafters
-                if d.name in ("draft", "eagle-chain", "eagle-tree")]
+    within each of K4_TREE_NODES, one greedy run per prompt, per category and over all of them."""
+    compared = [(d, (4, None)) for d in drafters if d.name in ("draft", "eagle-chain")]
+    compared += [(d, (4, n_nodes)) for d in drafters if d.name == "eagle-tree" for n_nodes in K4_TREE_NODES]
     rows = []
     for drafter, choice in compared:
         every = []
