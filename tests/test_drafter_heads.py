@@ -83,7 +83,12 @@ def test_the_committed_heads_load_for_the_bundled_target_and_models_stays_within
         head, info = load_head(REPO / "models" / folder, drafter=name)
         assert info["target_hparams"] == hparams and info["training"]["recipe"]["drafter"] == name
         assert all(array.dtype == np.float32 for array in flatten(head).values())
-        card = (REPO / "models" / "README.md").read_text()
-        assert f"python tools/train_heads.py {name} --steps {info['training']['recipe']['steps']}" in card
+        card, training = (REPO / "models" / "README.md").read_text(), info["training"]
+        while training:  # the run that wrote the head, then each run it continued from
+            recipe = training["recipe"]
+            assert f"python tools/train_heads.py {name} --steps {recipe['steps']}" in card
+            if "init_from" in recipe:
+                assert f"--init_from {recipe['init_from']}" in card
+            training = training.get("continued_from")
     size = sum(path.stat().st_size for path in (REPO / "models").rglob("*") if path.is_file())
     assert size <= 50 * 2**20
