@@ -65,8 +65,8 @@ def head_forward(features, tokens, head, wte, n_head, cache, start, mask=None): 
 
 class EagleDraft:
     """EAGLE's head (init_head's nesting) drafting a chain for a gpt2.GPT2Model or JaxGPT2Model target, whose features
-    and unembedding it reads (feeding the target's cache only what it lacks of x, as the next verification would). `propose` is
-    sampling.draw_drafts' contract."""
+    and unembedding it reads (feeding the target's cache only what it lacks of x, as the next verification would).
+    `propose` is sampling.draw_drafts' contract."""
 
     def __init__(self, target, head):
         self.wte, self.unembedding = host_embeddings(target, "EAGLE's head")

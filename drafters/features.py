@@ -27,8 +27,9 @@ def host_embeddings(target, drafter):  # -> wte [n_vocab, n_embd], unembedding [
 
 
 def true_features(target, x, start=0):  # [n] -> [n - start, n_embd] float32, a copy
-    """The target's (a gpt2.GPT2Model's or a JaxGPT2Model's) features at x's positions from `start` on (a drafter reads only the
-    rows it has not read yet: copying them all at every proposal would cost a drafter's step more than it needs).
+    """The target's (a gpt2.GPT2Model's or a JaxGPT2Model's) features at x's positions from `start` on (a drafter
+    reads only the rows it has not read yet: copying them all at every proposal would cost a drafter's step more than
+    it needs).
 
     A cached target's rows for x are read from its `features`. What its cache lacks of x (a prompt it has not read
     yet) is fed through the cache first, as logits(x) feeds it: the next verification, reading x and the drafts,

@@ -108,8 +108,9 @@ def best_paths(confidence, n_nodes):  # [depth, top] -> up to n_nodes tuples of 
 
 
 class MedusaDraft:
-    """Medusa's heads (init_heads' nesting) on a gpt2.GPT2Model or JaxGPT2Model target, whose params it reads and whose cache it
-    never touches. `propose` is sampling.draw_drafts' contract, `draft_tree` verifiers/tree.py's "dynamic" one.
+    """Medusa's heads (init_heads' nesting) on a gpt2.GPT2Model or JaxGPT2Model target, whose params it reads and
+    whose cache it never touches. `propose` is sampling.draw_drafts' contract, `draft_tree` verifiers/tree.py's
+    "dynamic" one.
 
     accuracies: [n_heads, top], the measured probability that head k's rank-th token is right (tools/train_heads.py
     measures it); None: the heads' own probabilities of their tokens stand in for it. n_nodes: the tree's budget.

@@ -272,7 +272,7 @@ def batched_prepared(xs, N, models, rngs, stats, K=0):
     return x, T, buffers, bucket_size(max(len(row) for row in x), n_ctx), rngs, stats
 
 
-def batched_cache(model, batch_size):  # model.cache's buffers with a leading row axis [B, ...], allocated once per batch
+def batched_cache(model, batch_size):  # model.cache's buffers with a row axis first [B, ...], allocated once a batch
     return jax.tree.map(lambda buffer: jnp.zeros((batch_size, *buffer.shape), buffer.dtype), model.cache)
 
 
