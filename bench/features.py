@@ -58,7 +58,7 @@ def jax_steps(params, hparams, x, n_last):  # -> {name: one call of the jitted s
     block, start, n_head = np.zeros(gpt2_jax.bucket_size(n_last, model.n_ctx), np.int32), len(x) - n_last, model.n_head
     block[:n_last] = x[-n_last:]
     n_out = 1 if n_last == 1 else len(block)  # as JaxGPT2Model._feed asks
-    caches = {"with_features": model.cache, "logits_only": model.cache.layers}
+    caches = {"with_features": model.cache, "logits_only": jax.tree.map(jnp.copy, model.cache.layers)}  # both donated
 
     def with_features():
         rows, caches["with_features"] = gpt2_jax.feed_block(model.params, caches["with_features"], block, start,
@@ -70,7 +70,6 @@ def jax_steps(params, hparams, x, n_last):  # -> {name: one call of the jitted s
                                                   n_out=n_out)
         return np.asarray(rows)
 
-    caches["logits_only"] = jax.tree.map(jnp.copy, caches["logits_only"])  # its own buffers: both are donated
     return {"with_features": with_features, "logits_only": without}
 
 

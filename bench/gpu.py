@@ -196,7 +196,8 @@ def decode_report(model, prompt, args, bandwidth_GBps):
         model, len(prompt), args.n_tokens)
     report = {"ms_per_token": ms(step), "ms_per_token_mean": ms(statistics.mean(steps)),
               "statistic": f"median of {len(steps)} steps ({args.repeats} runs x {args.n_tokens - 1})",
-              "step_ms_pipelined": ms(pipelined), "weights_bytes": weights, "kv_cache_bytes": nbytes(model.cache.layers)}
+              "step_ms_pipelined": ms(pipelined), "weights_bytes": weights,
+              "kv_cache_bytes": nbytes(model.cache.layers)}
     device_loop = device_loop_ms_per_token(model, prompt, args.n_tokens, args.repeats)
     report["device_loop_ms_per_token"] = ms(device_loop)
     if bandwidth_GBps:

@@ -29,6 +29,7 @@ import numpy as np
 
 import gpt2
 import sampling
+from drafters.features import host_embeddings
 from kvcache.contract import cache_resume
 
 EARLY_EXIT = "early-exit"  # the draft's name where a model's would go (main.py --draft_model_size)
@@ -61,7 +62,7 @@ class EarlyExit:
         self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
         self.params = {**target.params, "blocks": target.params["blocks"][:self.exit_layer]}  # views, not copies
         self.n_head = target.hparams["n_head"]
-        self.unembedding = target.params["wte"].T if target.unembedding is None else target.unembedding
+        _, self.unembedding = host_embeddings(target, "an early exit")
 
     def exit_states(self, tokens, start):  # [n] fed at positions start.. -> h_L, ln_f(h_L): 2 x [n, n_embd]
         """The residual stream after the first exit_layer blocks, and the target's ln_f of it, for tokens fed after
