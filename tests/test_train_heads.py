@@ -80,3 +80,34 @@ def test_a_later_session_starts_from_a_committed_head(tiny_setup, tmp_path):
     assert info["training"]["continued_from"]["steps_done"] == first_info["training"]["steps_done"]  # history kept
     for name, array in flatten(first).items():  # a learning rate of 0 keeps the head it started from
         np.testing.assert_array_equal(flatten(again)[name], array)
+
+
+def test_greedy_continuations_join_the_windows_and_a_resumed_run_reads_the_same_pool(tiny_setup, tmp_path, monkeypatch):
+    models_dir, corpus_dir = tiny_setup
+    options = {"continued": 2, "pool": 6, "prompt_tokens": 4, "continued_tokens": 8}
+    whole, info = train(models_dir, corpus_dir, tmp_path / "whole", **options)
+    assert info["training"]["recipe"]["continued"] == 2
+    assert all(0 <= entry["greedy_top1_agreement"] <= 1 for entry in info["training"]["evals"])
+    with np.load(tmp_path / "whole" / "eagle" / "pool.npz") as pool:
+        rows = pool["rows"]
+    assert rows.shape == (6, 12) and rows.dtype == np.int32
+
+    written = []
+    real_continuations = train_heads.continuations
+    monkeypatch.setattr(train_heads, "continuations", lambda *args, **kw: written.append(args[3]) or
+                        real_continuations(*args, **kw))
+    learning_rate = train_pair.learning_rate
+
+    def stop_at_step_3(step, *args):
+        if step == 3:
+            raise KeyboardInterrupt
+        return learning_rate(step, *args)
+
+    monkeypatch.setattr(train_pair, "learning_rate", stop_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(models_dir, corpus_dir, tmp_path / "stopped", **options)
+    monkeypatch.setattr(train_pair, "learning_rate", learning_rate)
+    resumed, _ = train(models_dir, corpus_dir, tmp_path / "stopped", **options)
+    assert written == [6, 64, 64]  # the pool once; the validation prompts' continuations at each start
+    for name, array in flatten(whole).items():
+        np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)

@@ -22,6 +22,14 @@ paper's:
   exit_layer blocks; the cross-entropy from the target's own next-token distribution to the adapted exit's
   (distillation).
 
+With --continued N, each step also trains on N of the target's own greedy continuations of training prompts, the
+text a speculative run at temperature 0 drafts for: Medusa's self-distillation (Cai et al. 2024, section 2.3.2) and
+the on-policy data of DistillSpec (Zhou et al. 2023), as tools/distill_draft.py gives the draft. The target's
+features on its own greedy text differ from its features on the corpus, and a head trained on the corpus alone
+agrees with the target less there. The pool of --pool continuations is written once (distill_draft.continuations)
+into state_dir beside the run's state; evaluations then also score the head on greedy continuations of validation
+prompts (their prompt_tokens included).
+
 The run saves its whole state (head, optimiser, sampler, log) atomically to state_dir every save_minutes, and the
 same command run again resumes from it. At every evaluation it writes the head (drafters/heads.py) to
 out_dir/<name>, its head.json holding the recipe and the log, so a usable head exists however far it got.
@@ -41,6 +49,7 @@ from drafters import eagle, kangaroo, medusa
 from drafters.early_exit import default_exit_layer
 from drafters.heads import load_head, save_head
 from tools import train_pair
+from tools.distill_draft import continuations, load_or_write_pool
 
 TARGET = "teach-target"
 NOISE = 0.1  # EAGLE's U(-0.1, 0.1) on the input features
@@ -167,13 +176,18 @@ KINDS = {kind.name: kind for kind in (Eagle, Medusa, Kangaroo)}
 
 
 def make_step(kind):
-    def batch_loss(head, target_params, batch, key):
-        keys = jax.random.split(key, len(batch))
-        return jnp.mean(jax.vmap(kind.loss, in_axes=(None, None, 0, 0))(head, target_params, batch, keys))
+    def rows_loss(head, target_params, rows, key):  # [n_rows, length] -> the mean of the rows' losses
+        keys = jax.random.split(key, len(rows))
+        return jnp.mean(jax.vmap(kind.loss, in_axes=(None, None, 0, 0))(head, target_params, rows, keys))
+
+    def batch_loss(head, target_params, batch, continued, key):  # each row weighs the same, window or continuation
+        parts = [(len(rows), rows_loss(head, target_params, rows, row_key))
+                 for rows, row_key in zip((batch, continued), jax.random.split(key)) if len(rows)]
+        return sum(n * loss for n, loss in parts) / sum(n for n, _ in parts)
 
     @jax.jit
-    def step(head, opt_state, target_params, batch, key, lr):
-        value, grads = jax.value_and_grad(batch_loss)(head, target_params, batch, key)
+    def step(head, opt_state, target_params, batch, continued, key, lr):
+        value, grads = jax.value_and_grad(batch_loss)(head, target_params, batch, continued, key)
         head, opt_state = train_pair.adamw_update(head, grads, opt_state, lr, weight_decay=0.0)
         return head, opt_state, value
 
@@ -191,11 +205,14 @@ def validation_metrics(kind, head, target_params, windows, batch_size=8):  # -> 
 
 def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None, steps=2000, batch_size=8,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
-         state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None):
+         state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
+         pool=4096, prompt_tokens=32, continued_tokens=160):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
-    in state_dir does not outlive the machine)."""
+    in state_dir does not outlive the machine). continued: rows per step drawn from a pool of `pool` greedy
+    continuations of the target (prompt_tokens training tokens, then continued_tokens it wrote), beside the
+    batch_size windows."""
     if drafter not in KINDS:
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
@@ -213,7 +230,17 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     kind = KINDS[drafter](hparams)
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
               "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
-              **({"init_from": str(init_from)} if init_from else {})}
+              **({"init_from": str(init_from)} if init_from else {}),
+              **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
+                  "continued_tokens": continued_tokens} if continued else {})}
+    pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
+    if continued:  # each from a generator of its own: the run's sampler state does not depend on them
+        made_with = {"target": TARGET, "rows": pool, "prompt_tokens": prompt_tokens,
+                     "continued_tokens": continued_tokens, "temperature": 0.0, "seed": seed}
+        pool_rows = load_or_write_pool(state_dir / "pool.npz", made_with, lambda: continuations(
+            target_params, hparams, train, pool, prompt_tokens, continued_tokens, 0.0, np.random.default_rng(seed)))
+        greedy_rows = continuations(target_params, hparams, validation, 64, prompt_tokens, continued_tokens, 0.0,
+                                    np.random.default_rng(seed + 1))
     state = train_pair.load_state(state_dir, recipe)
     if state is None:
         rng = np.random.default_rng(seed)
@@ -241,13 +268,18 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     data = train_pair.batches(train, batch_size, seq_len, rng)
     for step in range(log["steps_done"], steps):
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
-        head, opt_state, loss = step_fn(head, opt_state, target_params, next(data), key,
+        batch = next(data)
+        rows = pool_rows[rng.integers(0, len(pool_rows), continued)] if continued else pool_rows
+        head, opt_state, loss = step_fn(head, opt_state, target_params, batch, rows, key,
                                         train_pair.learning_rate(step, steps, lr, warmup))
         log.update(steps_done=step + 1, minutes=minutes_before + (time.perf_counter() - started) / 60)
         if step % 50 == 0:
             print(f"step {step:5d}  loss {float(loss):.4f}  {log['minutes']:.1f} min", flush=True)
         if (step + 1) % eval_every == 0 or step == steps - 1:
             metrics = validation_metrics(kind, head, target_params, validation_windows)
+            if continued:
+                metrics.update({f"greedy_{name}": value for name, value in
+                                validation_metrics(kind, head, target_params, greedy_rows).items()})
             log["evals"].append({"step": step + 1, "minutes": round(log["minutes"], 2), **metrics})
             print("validation", json.dumps({k: round(v, 4) for k, v in metrics.items()}), flush=True)
             info = {"drafter": drafter, "target": TARGET, "target_hparams": hparams,
