@@ -2,7 +2,9 @@
 file that Hugging Face's own safetensors library reads; a folder of another drafter, or half a folder, is a clear
 error."""
 
+import inspect
 import json
+import re
 
 import numpy as np
 import pytest
@@ -77,6 +79,10 @@ def test_the_committed_heads_load_for_the_bundled_target_and_models_stays_within
     import utils
     from conftest import REPO
     from drafters.load import HEAD_FOLDERS
+    from tools.train_heads import main as train_heads_main
+
+    defaults = {name: option.default for name, option in inspect.signature(train_heads_main).parameters.items()
+                if option.default is not inspect.Parameter.empty}
 
     _, hparams, _ = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
     for name, folder in HEAD_FOLDERS.items():
@@ -87,8 +93,9 @@ def test_the_committed_heads_load_for_the_bundled_target_and_models_stays_within
         while training:  # the run that wrote the head, then each run it continued from
             recipe = training["recipe"]
             assert f"python tools/train_heads.py {name} --steps {recipe['steps']}" in card
-            if "init_from" in recipe:
-                assert f"--init_from {recipe['init_from']}" in card
+            for option, value in recipe.items():  # each option the run gave beside its defaults
+                if option in defaults and value != defaults[option]:
+                    assert re.search(rf"--{option} {re.escape(str(value))}(?![\w.])", card), (folder, option)
             training = training.get("continued_from")
     size = sum(path.stat().st_size for path in (REPO / "models").rglob("*") if path.is_file())
     assert size <= 50 * 2**20
