@@ -13,6 +13,7 @@ import sys
 from itertools import product
 
 import numpy as np
+import pytest
 
 import gpt2
 import sampling
@@ -254,3 +255,21 @@ def train_tiny_pair(pack_dir, out_dir):
     train_pair.main(corpus_dir=out_dir / "no-corpus", bpe_dir=pack_dir, out_dir=out_dir, steps=1, batch_size=2,
                     seq_len=32, warmup=1, eval_every=1, target_shape=(32, 2, 4), draft_shape=(16, 1, 2),
                     tokens=pack_dir / "tokens.npz", state_dir=out_dir / "state")
+
+
+def stop_training_at(monkeypatch, stop_step, run):
+    """run() stopped as by Ctrl-C when it asks train_pair for step stop_step's learning rate, the schedule restored
+    after: a run that saves its state, interrupted half way."""
+    from tools import train_pair  # JAX: imported by the training tests only
+
+    learning_rate = train_pair.learning_rate
+
+    def stopping(step, *args):
+        if step == stop_step:
+            raise KeyboardInterrupt
+        return learning_rate(step, *args)
+
+    monkeypatch.setattr(train_pair, "learning_rate", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(train_pair, "learning_rate", learning_rate)

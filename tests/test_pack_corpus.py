@@ -10,7 +10,7 @@ import pytest
 import utils
 from conftest import REPO
 from encoder import get_encoder_from_dir
-from helpers import VOCABULARY
+from helpers import VOCABULARY, stop_training_at
 from tools import pack_corpus
 
 
@@ -93,17 +93,8 @@ def test_training_resumes_where_it_was_interrupted_and_warm_starts_from_a_pair(p
                eval_every=2, target_shape=(32, 2, 4), draft_shape=(16, 2, 2), tokens=pack_dir / "tokens.npz",
                repeat_share=0.5, save_minutes=0)
     train_pair.main(out_dir=tmp_path / "whole", state_dir=tmp_path / "whole-state", **run)
-    schedule = train_pair.learning_rate
-
-    def interrupted(step, *args):
-        if step == 2:
-            raise KeyboardInterrupt
-        return schedule(step, *args)
-
-    monkeypatch.setattr(train_pair, "learning_rate", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train_pair.main(out_dir=tmp_path / "resumed", state_dir=tmp_path / "resumed-state", **run)
-    monkeypatch.setattr(train_pair, "learning_rate", schedule)
+    stop_training_at(monkeypatch, 2, lambda: train_pair.main(out_dir=tmp_path / "resumed",
+                                                             state_dir=tmp_path / "resumed-state", **run))
     states = [pickle.loads((tmp_path / name / "state.pkl").read_bytes()) for name in ("resumed-state",)]
     assert states[0]["log"]["steps_done"] == 2
     train_pair.main(out_dir=tmp_path / "resumed", state_dir=tmp_path / "resumed-state", **run)

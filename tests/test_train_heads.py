@@ -11,9 +11,10 @@ import gpt2
 import utils
 from conftest import REPO
 from drafters.heads import flatten, load_head
+from helpers import stop_training_at
 
 jax = pytest.importorskip("jax")
-from tools import train_heads, train_pair  # noqa: E402
+from tools import train_heads  # noqa: E402
 
 TINY_TARGET = dict(n_vocab=4096, n_ctx=32, n_embd=16, n_head=2, n_layer=2)
 
@@ -36,6 +37,7 @@ def train(models_dir, corpus_dir, state_dir, steps=4, **options):
     return load_head(models_dir / "teach-eagle", drafter="eagle")
 
 
+
 def test_a_few_steps_write_a_head_and_a_run_stopped_half_way_resumes_to_the_same_head(tiny_setup, tmp_path, monkeypatch):
     models_dir, corpus_dir = tiny_setup
     target_before = (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes()
@@ -46,17 +48,7 @@ def test_a_few_steps_write_a_head_and_a_run_stopped_half_way_resumes_to_the_same
     assert all(np.isfinite(entry["feature_loss"]) for entry in info["training"]["evals"])
     assert (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes() == target_before
 
-    learning_rate = train_pair.learning_rate
-
-    def stop_at_step_3(step, *args):
-        if step == 3:
-            raise KeyboardInterrupt
-        return learning_rate(step, *args)
-
-    monkeypatch.setattr(train_pair, "learning_rate", stop_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        train(models_dir, corpus_dir, tmp_path / "stopped")
-    monkeypatch.setattr(train_pair, "learning_rate", learning_rate)
+    stop_training_at(monkeypatch, 3, lambda: train(models_dir, corpus_dir, tmp_path / "stopped"))
     resumed, info = train(models_dir, corpus_dir, tmp_path / "stopped")
     assert info["training"]["steps_done"] == 4
     for name, array in flatten(whole).items():
@@ -96,17 +88,7 @@ def test_greedy_continuations_join_the_windows_and_a_resumed_run_reads_the_same_
     real_continuations = train_heads.continuations
     monkeypatch.setattr(train_heads, "continuations", lambda *args, **kw: written.append(args[3]) or
                         real_continuations(*args, **kw))
-    learning_rate = train_pair.learning_rate
-
-    def stop_at_step_3(step, *args):
-        if step == 3:
-            raise KeyboardInterrupt
-        return learning_rate(step, *args)
-
-    monkeypatch.setattr(train_pair, "learning_rate", stop_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        train(models_dir, corpus_dir, tmp_path / "stopped", **options)
-    monkeypatch.setattr(train_pair, "learning_rate", learning_rate)
+    stop_training_at(monkeypatch, 3, lambda: train(models_dir, corpus_dir, tmp_path / "stopped", **options))
     resumed, _ = train(models_dir, corpus_dir, tmp_path / "stopped", **options)
     assert written == [6, 64, 64]  # the pool once; the validation prompts' continuations at each start
     for name, array in flatten(whole).items():
