@@ -181,8 +181,9 @@ def make_step(kind):
         return jnp.mean(jax.vmap(kind.loss, in_axes=(None, None, 0, 0))(head, target_params, rows, keys))
 
     def batch_loss(head, target_params, batch, continued, key):  # each row weighs the same, window or continuation
-        parts = [(len(rows), rows_loss(head, target_params, rows, row_key))
-                 for rows, row_key in zip((batch, continued), jax.random.split(key)) if len(rows)]
+        groups = [rows for rows in (batch, continued) if len(rows)]
+        keys = [key] if len(groups) == 1 else jax.random.split(key, len(groups))  # one group: the runs before N
+        parts = [(len(rows), rows_loss(head, target_params, rows, row_key)) for rows, row_key in zip(groups, keys)]
         return sum(n * loss for n, loss in parts) / sum(n for n, _ in parts)
 
     @jax.jit
