@@ -32,7 +32,8 @@ the measured loops, c and verification cost (each in the rounds' autoregressive 
 predicted_speedup_machine_v the same with v(n) measured apart; calibrated_prediction what the calibration expected.
 "at_K4" (temperature 0) sets the distilled draft beside EAGLE's chain at K = 4 and its dynamic tree at depth 4 with
 drafters/load.py's default budget and the larger budgets an accelerator would verify for about a step's cost (16 and
-32 nodes), on the same prompts. At temperature 0 every run's tokens must equal
+32 nodes), all on the same --k4_prompts prompts per category (more than the timed rows: it counts tokens, not
+time). At temperature 0 every run's tokens must equal
 autoregressive decoding's: same_tokens_as_autoregressive.
 
     python bench/spec_bench.py --out drafters.json                     # minutes: bench/README.md says how many
@@ -70,8 +71,8 @@ EAGLE_TREES = ((2, 4), (4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small
 MEDUSA_TREE_NODES = (4, 8, 12)  # Medusa's depth is its number of heads
 CHILDREN = 3  # a tree's n_drafts: the children a node may get
 K4_TREE_NODES = (DEFAULT_N_NODES, 16, 32)  # at_K4's tree budgets: the CLI's default, then an accelerator's sizes
-QUICK = {"prompts": 1, "new_tokens": 8, "repeats": 1}
-FULL = {"prompts": 3, "new_tokens": 48, "repeats": 3}
+QUICK = {"prompts": 1, "new_tokens": 8, "repeats": 1, "k4_prompts": 1}
+FULL = {"prompts": 3, "new_tokens": 48, "repeats": 3, "k4_prompts": 12}  # at_K4 counts tokens, not time: more prompts
 
 
 def parse_args(argv=None):
@@ -85,6 +86,7 @@ def parse_args(argv=None):
     parser.add_argument("--prompt_tokens", type=int, default=64, help="tokens of an open or structured prompt")
     parser.add_argument("--new_tokens", type=int, help=f"tokens generated per run (default {FULL['new_tokens']})")
     parser.add_argument("--repeats", type=int, help=f"measured rounds (default {FULL['repeats']})")
+    parser.add_argument("--k4_prompts", type=int, help=f"at_K4's prompts per category (default {FULL['k4_prompts']})")
     parser.add_argument("--drafters", default=",".join(DRAFTERS))
     parser.add_argument("--categories", default=",".join(CATEGORIES))
     parser.add_argument("--temperatures", default="0,1")
@@ -100,8 +102,10 @@ def parse_args(argv=None):
         args.temperatures = [float(value) for value in args.temperatures.split(",")]
     except ValueError:
         parser.error(f"--temperatures takes comma-separated numbers, got {args.temperatures!r}")
-    if not all(temperature >= 0 for temperature in args.temperatures) or min(args.prompts, args.prompt_tokens, args.new_tokens, args.repeats) < 1:
-        parser.error("temperatures must be >= 0; --prompts, --prompt_tokens, --new_tokens and --repeats positive")
+    counts = (args.prompts, args.prompt_tokens, args.new_tokens, args.repeats, args.k4_prompts)
+    if not all(temperature >= 0 for temperature in args.temperatures) or min(counts) < 1:
+        parser.error("temperatures must be >= 0; --prompts, --prompt_tokens, --new_tokens, --repeats and --k4_prompts "
+                     "positive")
     return args
 
 
@@ -346,20 +350,20 @@ def at_K4(drafters, prompts_by_category, target, new_tokens):  # -> rows: draft 
 
 
 def k4_row(drafter, choice, category, runs):
-    return {"drafter": drafter.name, "category": category, "K": choice[0], "n_nodes": choice[1], "alpha": alpha(runs),
-            "tokens_per_call": total(runs, "generated") / total(runs, "target_calls")}
+    return {"drafter": drafter.name, "category": category, "K": choice[0], "n_nodes": choice[1], "prompts": len(runs),
+            "alpha": alpha(runs), "tokens_per_call": total(runs, "generated") / total(runs, "target_calls")}
 
 
-def category_prompts(encoder, args, n_ctx):  # -> {category: [prompt tokens]}, notes on how they were chosen
+def category_prompts(encoder, args, n_ctx, n_prompts):  # -> {category: [prompt tokens]}, notes on how they were chosen
     text = Path(args.heldout).read_text(encoding="utf-8")
     tokens = heldout.held_out_tokens(encoder, args.heldout)
     prompts, notes = {}, {}
     if "open" in args.categories:
-        prompts["open"] = heldout.open_prompts(tokens, args.prompts, args.prompt_tokens)
+        prompts["open"] = heldout.open_prompts(tokens, n_prompts, args.prompt_tokens)
     if "copy" in args.categories:
-        prompts["copy"] = heldout.copy_prompts(encoder, text, args.prompts, (n_ctx - args.new_tokens) // 2 - 8)
+        prompts["copy"] = heldout.copy_prompts(encoder, text, n_prompts, (n_ctx - args.new_tokens) // 2 - 8)
     if "structured" in args.categories:
-        prompts["structured"], scores = heldout.structured_prompts(tokens, args.prompts, args.prompt_tokens,
+        prompts["structured"], scores = heldout.structured_prompts(tokens, n_prompts, args.prompt_tokens,
                                                                    args.new_tokens)
         notes["structured_repetition"] = scores
     notes["prompt_lengths"] = {category: [len(prompt) for prompt in chosen] for category, chosen in prompts.items()}
@@ -373,7 +377,8 @@ def main(argv=None):
     encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     target = engine.fast_model(params, hparams)
     try:
-        prompts, notes = category_prompts(encoder, args, hparams["n_ctx"])
+        prompts, notes = category_prompts(encoder, args, hparams["n_ctx"], args.prompts)
+        k4_prompts, _ = category_prompts(encoder, args, hparams["n_ctx"], args.k4_prompts)
     except ValueError as error:
         raise SystemExit(f"error: {error}")
     first = next(iter(prompts.values()))[0]
@@ -385,7 +390,8 @@ def main(argv=None):
     result = {"machine": machine_line(), "command": command,
               "settings": {"target": args.target, "draft": args.draft, "heldout": args.heldout,
                            "prompts": args.prompts, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                           "repeats": args.repeats, "temperatures": args.temperatures, "categories": args.categories,
+                           "repeats": args.repeats, "k4_prompts": args.k4_prompts, "temperatures": args.temperatures,
+                           "categories": args.categories,
                            "drafters": args.drafters, "choices": {d.name: d.choices for d in drafters},
                            "tree_children": CHILDREN, "costs": measured.as_dict(), **notes},
               "target_decode_ms": 1000 * measured.decode_step_seconds, "rows": [], "skipped": skipped}
@@ -393,7 +399,7 @@ def main(argv=None):
         for category, chosen in prompts.items():
             result["rows"] += bench_category(drafters, category, chosen, target, args, temperature, measured)
     if 0.0 in args.temperatures:
-        result["at_K4"] = at_K4(drafters, prompts, target, args.new_tokens)
+        result["at_K4"] = at_K4(drafters, k4_prompts, target, args.new_tokens)
     result["wall_seconds"] = time.perf_counter() - started
     text = json.dumps(result)
     if args.out:

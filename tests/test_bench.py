@@ -381,7 +381,7 @@ def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_pat
         (tmp_path / name).symlink_to(REPO / "models" / name)
     command = [sys.executable, "bench/spec_bench.py", "--quick", "--heldout", "tests/fixtures/heldout_sample.txt",
                "--models_dir", str(tmp_path), "--drafters", "draft,prompt-lookup,medusa-chain", "--temperatures", "0",
-               "--out", str(tmp_path / "drafters.json")]
+               "--k4_prompts", "2", "--out", str(tmp_path / "drafters.json")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -399,6 +399,8 @@ def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_pat
     (skipped,) = result["skipped"]
     assert skipped["drafter"] == "medusa-chain" and "head.json" in skipped["why"]
     assert {row["drafter"] for row in result["at_K4"]} == {"draft"}
+    # at_K4 reads its own prompts, 2 per category here where the timed rows read 1
+    assert [row["prompts"] for row in result["at_K4"]] == [2, 2, 2, 6]
 
 
 def test_drafters_bench_replays_what_each_loop_accepted():
