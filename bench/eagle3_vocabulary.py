@@ -132,7 +132,6 @@ def main(argv=None):
     training = info["training"]
     print(json.dumps({
         "machine": machine_line(), "load_average_1min": [load_before[0], os.getloadavg()[0]],
-        "note": "the CPU's cores are shared with training jobs and other work: timings are noisy (see the ranges)",
         "target": args.target, "unembedding_laid_out": target.unembedding is not None, "threads": args.threads,
         "head": {"folder": args.head, "steps_done": training["steps_done"], "steps": training["recipe"]["steps"],
                  "last_eval": training["evals"][-1] if training["evals"] else None},
