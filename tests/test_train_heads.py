@@ -37,7 +37,6 @@ def train(models_dir, corpus_dir, state_dir, steps=4, **options):
     return load_head(models_dir / "teach-eagle", drafter="eagle")
 
 
-
 def test_a_few_steps_write_a_head_and_a_run_stopped_half_way_resumes_to_the_same_head(tiny_setup, tmp_path, monkeypatch):
     models_dir, corpus_dir = tiny_setup
     target_before = (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes()
