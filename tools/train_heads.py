@@ -182,7 +182,7 @@ def make_step(kind):
 
     def batch_loss(head, target_params, batch, continued, key):  # each row weighs the same, window or continuation
         groups = [rows for rows in (batch, continued) if len(rows)]
-        keys = [key] if len(groups) == 1 else jax.random.split(key, len(groups))  # one group: the key unsplit, as before --continued
+        keys = [key] if len(groups) == 1 else jax.random.split(key, len(groups))  # one group: unsplit, as before --continued
         parts = [(len(rows), rows_loss(head, target_params, rows, row_key)) for rows, row_key in zip(groups, keys)]
         return sum(n * loss for n, loss in parts) / sum(n for n, _ in parts)
 
