@@ -92,3 +92,36 @@ def test_greedy_continuations_join_the_windows_and_a_resumed_run_reads_the_same_
     assert written == [6, 64, 64]  # the pool once; the validation prompts' continuations at each start
     for name, array in flatten(whole).items():
         np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)
+
+
+def test_the_unrolled_steps_are_the_chain_s_draft_steps(tmp_path):
+    """EAGLE-3's training-time test teaches the head what EagleDraft.propose computes: step d at slot s is the d-th
+    draft step after the true pairs of slots 0..s-d+1, each step reading the previous one's predicted feature."""
+    from drafters import eagle
+
+    params = gpt2.init_params(TINY_TARGET, np.random.default_rng(1))
+    head = eagle.init_head(TINY_TARGET, np.random.default_rng(2))
+    window = np.random.default_rng(3).integers(0, TINY_TARGET["n_vocab"], 12)
+    states, _ = gpt2.hidden_states(window, **params, n_head=2, cache=None, start=0)
+    features = states[-1]  # [12, n_embd]
+    unrolled = np.asarray(train_heads.Eagle(TINY_TARGET, unroll=3).predicted(
+        jax.tree.map(jax.numpy.asarray, head), jax.numpy.asarray(params["wte"]), jax.numpy.asarray(features),
+        jax.numpy.asarray(window), 3))  # [3, 11, n_embd]
+    assert unrolled.shape == (3, 11, 16) and unrolled.dtype == np.float32
+    for step in (1, 2, 3):
+        for slot in range(step - 1, 11):
+            last_true = slot - step + 1
+            cache = gpt2.empty_cache({**TINY_TARGET, "n_layer": 1})[0]
+            predicted = eagle.head_forward(features[:last_true + 1], window[1:last_true + 2], head, params["wte"], 2,
+                                           cache, 0)[-1:]
+            for later in range(2, step + 1):  # the head's own pair: its feature beside the text's token
+                position = last_true + later - 1
+                predicted = eagle.head_forward(predicted, window[position + 1:position + 2], head, params["wte"], 2,
+                                               cache, position)
+            np.testing.assert_allclose(unrolled[step - 1, slot], predicted[0], atol=2e-5)
+    assert np.abs(unrolled[1, 1:] - unrolled[0, 1:]).max() > 1e-3  # the steps differ: own features are not true ones
+
+
+def test_unroll_is_eagle_s_alone():
+    with pytest.raises(SystemExit, match="--unroll"):
+        train_heads.main("medusa", unroll=2)

@@ -14,7 +14,11 @@ paper's:
   i+1 and predicts f_{i+1}: smooth L1 between predicted and true features, plus 0.1 times the cross-entropy from
   the target's next-token distribution (f_{i+1} read out) to the head's (the prediction read out through the same
   frozen unembedding). Uniform noise U(-0.1, 0.1) on the input features teaches the head to read its own
-  imperfect predictions, which is what it reads from the second draft step on.
+  imperfect predictions, which is what it reads from the second draft step on. With --unroll D the head is also
+  trained on those predictions themselves: EAGLE-3's training-time test (Li et al. 2025, arXiv 2503.01840). Draft
+  step d reads the head's own pairs of steps 2..d after the true ones (unrolled_mask), and the loss is the mean over
+  the D steps; at temperature 0 a chain's step d is accepted only if steps 1..d-1 were, so the tokens beside those
+  predicted features are the text's own.
 - Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
   corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss). Afterwards the heads'
   top-ranked tokens are scored on the validation windows: the accuracies MedusaDraft prunes its tree by.
@@ -48,6 +52,7 @@ import utils
 from drafters import eagle, kangaroo, medusa
 from drafters.early_exit import default_exit_layer
 from drafters.heads import load_head, save_head
+from kvcache.tree import MASKED
 from tools import train_pair
 from tools.distill_draft import continuations, load_or_write_pool
 
@@ -63,43 +68,74 @@ def target_features(target_params, n_head, window, taps=()):  # [seq] -> [seq, n
     return states if taps else states[-1]
 
 
-def smooth_l1(predicted, true):  # mean over positions and features, beta 1 (PyTorch's SmoothL1Loss)
+def smooth_l1(predicted, true):  # [..., n_embd] x2 -> [...]: mean over features, beta 1 (PyTorch's SmoothL1Loss)
     difference = jnp.abs(predicted - true)
-    return jnp.mean(jnp.where(difference < 1, 0.5 * difference**2, difference - 0.5))
+    return jnp.mean(jnp.where(difference < 1, 0.5 * difference**2, difference - 0.5), axis=-1)
 
 
-def soft_cross_entropy(target_logits, logits):  # mean over positions of -sum p_target log p_head
-    return -jnp.mean(jnp.sum(jax.nn.softmax(target_logits) * jax.nn.log_softmax(logits), axis=-1))
+def soft_cross_entropy(target_logits, logits):  # [..., n_vocab] x2 -> [...]: -sum p_target log p_head
+    return -jnp.sum(jax.nn.softmax(target_logits) * jax.nn.log_softmax(logits), axis=-1)
+
+
+def unrolled_mask(n, depth):  # -> [depth*n, depth*n]: rows and columns ordered (step, slot), step by step
+    """Who sees whom when `depth` chain draft steps are taught at once, at every slot 0..n-1 of a window. Step 1 at
+    slot s is the head reading the true pair at slot s (causal over the true pairs). Step d at slot s drafts the same
+    position as step 1 at slot s, but after the true pairs up to slot s-d+1 only: it sees those, and the head's own
+    pairs of steps 2..d at slots s-d+2..s, one per step, as EagleDraft.propose's d-th step sees its cache."""
+    step, slot = np.repeat(np.arange(depth), n), np.tile(np.arange(n), depth)
+    query_step, query_slot, key_step, key_slot = step[:, None], slot[:, None], step[None, :], slot[None, :]
+    true_pair = (key_step == 0) & (key_slot <= query_slot - query_step)
+    own_pair = (key_step >= 1) & (key_step <= query_step) & (key_slot == query_slot - query_step + key_step)
+    return np.where(true_pair | own_pair, 0.0, MASKED).astype(np.float32)
+
+
+def first_slots(n, depth):  # -> [depth, n] bool: step d (1-based) drafts from slot d-1 on (unrolled_mask)
+    return np.arange(n)[None, :] >= np.arange(depth)[:, None]
 
 
 class Eagle:
     """EAGLE's head: predicted feature f^_{i+1} = head(f_i + noise, token_{i+1}), read out as the target reads f."""
 
-    name, default_out = "eagle", "teach-eagle"
+    name, default_out, eval_depth = "eagle", "teach-eagle", 4  # agreement is reported for draft steps 1..K = 4
 
-    def __init__(self, hparams):
-        self.n_head = hparams["n_head"]
+    def __init__(self, hparams, unroll=1):
+        self.n_head, self.unroll = hparams["n_head"], unroll
 
     def init(self, hparams, rng, target_params):
         return eagle.init_head(hparams, rng)
 
-    def predicted(self, head, target_params, features, window):  # -> f^ for positions 1..seq-1, [seq-1, n_embd]
-        return eagle.head_forward(features[:-1], window[1:], head, target_params["wte"], self.n_head, None, 0)
+    def predicted(self, head, wte, features, window, depth):  # -> f^ at draft steps 1..depth, [depth, seq-1, n_embd]
+        """Step d's prediction at slot s is of f_{s+1}, as is every step's: see unrolled_mask."""
+        n, tokens = len(window) - 1, window[1:]  # slot s: the pair (feature, x_{s+1})
+        mask = unrolled_mask(n, depth)
+        inputs, paired = features[:-1], tokens  # step 1 reads the true features
+        for step in range(1, depth + 1):  # one block: steps <= d come out the same however many steps follow
+            predicted = eagle.head_forward(inputs, paired, head, wte, self.n_head, None, 0, mask[:step * n, :step * n])
+            if step < depth:  # step d+1 at slot s reads step d's prediction at slot s-1 (slot 0's is never seen)
+                latest = predicted[-n:]
+                inputs = jnp.concatenate([inputs, jnp.zeros_like(latest[:1]), latest[:-1]])
+                paired = jnp.concatenate([paired, tokens])
+        return predicted.reshape(depth, n, -1)
 
     def loss(self, head, target_params, window, key):  # one window [seq] -> scalar
         features = target_features(target_params, self.n_head, window)
         noisy = features + jax.random.uniform(key, features.shape, minval=-NOISE, maxval=NOISE)
-        predicted = self.predicted(head, target_params, noisy, window)
+        predicted = self.predicted(head, target_params["wte"], noisy, window, self.unroll)
+        true, valid = features[1:], first_slots(len(window) - 1, self.unroll)  # no noise on what it must predict
         unembedding = target_params["wte"].T
-        return smooth_l1(predicted, features[1:]) + CLASSIFICATION_WEIGHT * soft_cross_entropy(
-            features[1:] @ unembedding, predicted @ unembedding)
+        losses = smooth_l1(predicted, true) + CLASSIFICATION_WEIGHT * soft_cross_entropy(
+            true @ unembedding, predicted @ unembedding)  # [depth, n]
+        return jnp.mean(jnp.sum(losses * valid, axis=1) / valid.sum(axis=1))  # each step weighs the same
 
     def metrics(self, head, target_params, window):  # one window -> {name: scalar}, without noise
         features = target_features(target_params, self.n_head, window)
-        predicted = self.predicted(head, target_params, features, window)
+        predicted = self.predicted(head, target_params["wte"], features, window, self.eval_depth)
+        true, valid = features[1:], first_slots(len(window) - 1, self.eval_depth)
         unembedding = target_params["wte"].T
-        return {"feature_loss": smooth_l1(predicted, features[1:]),
-                "top1_agreement": agreement(predicted @ unembedding, features[1:] @ unembedding)}
+        agrees = jnp.argmax(predicted @ unembedding, -1) == jnp.argmax(true @ unembedding, -1)  # [depth, n]
+        by_step = jnp.sum(agrees * valid, axis=1) / valid.sum(axis=1)
+        return {"feature_loss": jnp.mean(smooth_l1(predicted[0], true)), "top1_agreement": by_step[0],
+                **{f"top1_agreement_step{d + 1}": by_step[d] for d in range(1, self.eval_depth)}}
 
     def info(self, head, target_params, validation):  # what the drafter needs beside the arrays
         return {}
@@ -161,11 +197,11 @@ class Kangaroo:
 
     def loss(self, adapter, target_params, window, key):
         logits, target_logits = self.logits(adapter, target_params, window)
-        return soft_cross_entropy(target_logits, logits)
+        return jnp.mean(soft_cross_entropy(target_logits, logits))
 
     def metrics(self, adapter, target_params, window):
         logits, target_logits = self.logits(adapter, target_params, window)
-        return {"distillation_loss": soft_cross_entropy(target_logits, logits),
+        return {"distillation_loss": jnp.mean(soft_cross_entropy(target_logits, logits)),
                 "top1_agreement": agreement(logits, target_logits)}
 
     def info(self, adapter, target_params, validation):
@@ -207,15 +243,18 @@ def validation_metrics(kind, head, target_params, windows, batch_size=8):  # -> 
 def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None, steps=2000, batch_size=8,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
          state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
-         pool=4096, prompt_tokens=32, continued_tokens=160):
+         pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
     in state_dir does not outlive the machine). continued: rows per step drawn from a pool of `pool` greedy
     continuations of the target (prompt_tokens training tokens, then continued_tokens it wrote), beside the
-    batch_size windows."""
+    batch_size windows. unroll (EAGLE's head only): the draft steps each window teaches, the head reading its own
+    predicted features from the second on."""
     if drafter not in KINDS:
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
+    if unroll != 1 and (drafter != "eagle" or not isinstance(unroll, int) or unroll < 1):
+        raise SystemExit(f"train_heads: --unroll must be a whole number of draft steps >= 1, for eagle only")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
     state_dir = Path(state_dir).expanduser() / drafter
     if not (corpus_dir / "train.txt").exists():
@@ -228,10 +267,10 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     n_windows = min(64, (len(validation) - 1) // (seq_len + 1))
     validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
                                    for i in range(n_windows)]).astype(np.int32)
-    kind = KINDS[drafter](hparams)
+    kind = KINDS[drafter](hparams, unroll) if drafter == "eagle" else KINDS[drafter](hparams)
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
               "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
-              **({"init_from": str(init_from)} if init_from else {}),
+              **({"init_from": str(init_from)} if init_from else {}), **({"unroll": unroll} if unroll > 1 else {}),
               **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
                   "continued_tokens": continued_tokens} if continued else {})}
     pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
