@@ -354,9 +354,8 @@ def k4_row(drafter, choice, category, runs):
             "alpha": alpha(runs), "tokens_per_call": total(runs, "generated") / total(runs, "target_calls")}
 
 
-def category_prompts(encoder, args, n_ctx, n_prompts):  # -> {category: [prompt tokens]}, notes on how they were chosen
-    text = Path(args.heldout).read_text(encoding="utf-8")
-    tokens = heldout.held_out_tokens(encoder, args.heldout)
+def category_prompts(encoder, text, tokens, args, n_ctx, n_prompts):  # -> {category: [prompts]}, how they were chosen
+    """n_prompts prompts per category cut from the held-out text (and its tokens, encoded once by the caller)."""
     prompts, notes = {}, {}
     if "open" in args.categories:
         prompts["open"] = heldout.open_prompts(tokens, n_prompts, args.prompt_tokens)
@@ -377,8 +376,9 @@ def main(argv=None):
     encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     target = engine.fast_model(params, hparams)
     try:
-        prompts, notes = category_prompts(encoder, args, hparams["n_ctx"], args.prompts)
-        k4_prompts, _ = category_prompts(encoder, args, hparams["n_ctx"], args.k4_prompts)
+        text, tokens = Path(args.heldout).read_text(encoding="utf-8"), heldout.held_out_tokens(encoder, args.heldout)
+        prompts, notes = category_prompts(encoder, text, tokens, args, hparams["n_ctx"], args.prompts)
+        k4_prompts, _ = category_prompts(encoder, text, tokens, args, hparams["n_ctx"], args.k4_prompts)
     except ValueError as error:
         raise SystemExit(f"error: {error}")
     first = next(iter(prompts.values()))[0]

@@ -89,8 +89,10 @@ def unrolled_mask(n, depth):  # -> [depth*n, depth*n]: rows and columns ordered 
     return np.where(true_pair | own_pair, 0.0, MASKED).astype(np.float32)
 
 
-def first_slots(n, depth):  # -> [depth, n] bool: step d (1-based) drafts from slot d-1 on (unrolled_mask)
-    return np.arange(n)[None, :] >= np.arange(depth)[:, None]
+def mean_by_step(values):  # [depth, n] -> [depth]: each step's mean over the slots it drafts from (unrolled_mask)
+    depth, n = values.shape
+    drafts = np.arange(n)[None, :] >= np.arange(depth)[:, None]  # step d (1-based) from slot d-1 on
+    return jnp.sum(values * drafts, axis=1) / drafts.sum(axis=1)
 
 
 class Eagle:
@@ -121,19 +123,16 @@ class Eagle:
         features = target_features(target_params, self.n_head, window)
         noisy = features + jax.random.uniform(key, features.shape, minval=-NOISE, maxval=NOISE)
         predicted = self.predicted(head, target_params["wte"], noisy, window, self.unroll)
-        true, valid = features[1:], first_slots(len(window) - 1, self.unroll)  # no noise on what it must predict
-        unembedding = target_params["wte"].T
+        true, unembedding = features[1:], target_params["wte"].T  # no noise on what it must predict
         losses = smooth_l1(predicted, true) + CLASSIFICATION_WEIGHT * soft_cross_entropy(
             true @ unembedding, predicted @ unembedding)  # [depth, n]
-        return jnp.mean(jnp.sum(losses * valid, axis=1) / valid.sum(axis=1))  # each step weighs the same
+        return jnp.mean(mean_by_step(losses))  # each step weighs the same
 
     def metrics(self, head, target_params, window):  # one window -> {name: scalar}, without noise
         features = target_features(target_params, self.n_head, window)
         predicted = self.predicted(head, target_params["wte"], features, window, self.eval_depth)
-        true, valid = features[1:], first_slots(len(window) - 1, self.eval_depth)
-        unembedding = target_params["wte"].T
-        agrees = jnp.argmax(predicted @ unembedding, -1) == jnp.argmax(true @ unembedding, -1)  # [depth, n]
-        by_step = jnp.sum(agrees * valid, axis=1) / valid.sum(axis=1)
+        true, unembedding = features[1:], target_params["wte"].T
+        by_step = mean_by_step(jnp.argmax(predicted @ unembedding, -1) == jnp.argmax(true @ unembedding, -1))
         return {"feature_loss": jnp.mean(smooth_l1(predicted[0], true)), "top1_agreement": by_step[0],
                 **{f"top1_agreement_step{d + 1}": by_step[d] for d in range(1, self.eval_depth)}}
 
@@ -254,7 +253,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     if drafter not in KINDS:
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
     if unroll != 1 and (drafter != "eagle" or not isinstance(unroll, int) or unroll < 1):
-        raise SystemExit(f"train_heads: --unroll must be a whole number of draft steps >= 1, for eagle only")
+        raise SystemExit("train_heads: --unroll must be a whole number of draft steps >= 1, for eagle only")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
     state_dir = Path(state_dir).expanduser() / drafter
     if not (corpus_dir / "train.txt").exists():
