@@ -125,3 +125,17 @@ def test_the_unrolled_steps_are_the_chain_s_draft_steps(tmp_path):
 def test_unroll_is_eagle_s_alone():
     with pytest.raises(SystemExit, match="--unroll"):
         train_heads.main("medusa", unroll=2)
+
+
+def test_the_classification_weight_scales_eagle_s_token_loss_alone():
+    params = jax.tree.map(jax.numpy.asarray, gpt2.init_params(TINY_TARGET, np.random.default_rng(0)))
+    head = train_heads.Eagle(TINY_TARGET).init(TINY_TARGET, np.random.default_rng(1), params)
+    window, key = jax.numpy.asarray(np.random.default_rng(2).integers(0, 4096, 13)), jax.random.PRNGKey(0)
+    loss = {weight: float(train_heads.Eagle(TINY_TARGET, unroll=2, classification_weight=weight).loss(
+        head, params, window, key)) for weight in (0.0, 0.1, 1.0)}
+    assert loss[1.0] - loss[0.0] > 1.0  # a cross-entropy over 4096 tokens from a random head: several nats
+    np.testing.assert_allclose(loss[1.0] - loss[0.0], 10 * (loss[0.1] - loss[0.0]), rtol=1e-4)
+    assert train_heads.CLASSIFICATION_WEIGHT == 0.1  # EAGLE's, the default
+    for drafter, weight in (("medusa", 1.0), ("eagle", -1.0), ("eagle", "high")):
+        with pytest.raises(SystemExit, match="--classification_weight"):
+            train_heads.main(drafter, classification_weight=weight)

@@ -13,8 +13,9 @@ paper's:
 - EAGLE (Li et al. 2024, arXiv 2401.15077): the head reads the target's feature f_i beside the embedding of token
   i+1 and predicts f_{i+1}: smooth L1 between predicted and true features, plus 0.1 times the cross-entropy from
   the target's next-token distribution (f_{i+1} read out) to the head's (the prediction read out through the same
-  frozen unembedding). Uniform noise U(-0.1, 0.1) on the input features teaches the head to read its own
-  imperfect predictions, which is what it reads from the second draft step on. With --unroll D the head is also
+  frozen unembedding); --classification_weight sets that 0.1 (EAGLE-3 drops the feature loss for the token loss
+  alone). Uniform noise U(-0.1, 0.1) on the input features teaches the head to read its own imperfect predictions,
+  which is what it reads from the second draft step on. With --unroll D the head is also
   trained on those predictions themselves: EAGLE-3's training-time test (Li et al. 2025, arXiv 2503.01840). Draft
   step d reads the head's own pairs of steps 2..d after the true ones (unrolled_mask), and the loss is the mean over
   the D steps; at temperature 0 a chain's step d is accepted only if steps 1..d-1 were, so the tokens beside those
@@ -100,8 +101,8 @@ class Eagle:
 
     name, default_out, eval_depth = "eagle", "teach-eagle", 4  # agreement is reported for draft steps 1..K = 4
 
-    def __init__(self, hparams, unroll=1):
-        self.n_head, self.unroll = hparams["n_head"], unroll
+    def __init__(self, hparams, unroll=1, classification_weight=CLASSIFICATION_WEIGHT):
+        self.n_head, self.unroll, self.classification_weight = hparams["n_head"], unroll, classification_weight
 
     def init(self, hparams, rng, target_params):
         return eagle.init_head(hparams, rng)
@@ -124,7 +125,7 @@ class Eagle:
         noisy = features + jax.random.uniform(key, features.shape, minval=-NOISE, maxval=NOISE)
         predicted = self.predicted(head, target_params["wte"], noisy, window, self.unroll)
         true, unembedding = features[1:], target_params["wte"].T  # no noise on what it must predict
-        losses = smooth_l1(predicted, true) + CLASSIFICATION_WEIGHT * soft_cross_entropy(
+        losses = smooth_l1(predicted, true) + self.classification_weight * soft_cross_entropy(
             true @ unembedding, predicted @ unembedding)  # [depth, n]
         return jnp.mean(mean_by_step(losses))  # each step weighs the same
 
@@ -242,18 +243,22 @@ def validation_metrics(kind, head, target_params, windows, batch_size=8):  # -> 
 def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None, steps=2000, batch_size=8,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
          state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
-         pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1):
+         pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1, classification_weight=CLASSIFICATION_WEIGHT):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
     in state_dir does not outlive the machine). continued: rows per step drawn from a pool of `pool` greedy
     continuations of the target (prompt_tokens training tokens, then continued_tokens it wrote), beside the
     batch_size windows. unroll (EAGLE's head only): the draft steps each window teaches, the head reading its own
-    predicted features from the second on."""
+    predicted features from the second on. classification_weight (EAGLE's head only): the token cross-entropy's
+    weight beside the feature regression."""
     if drafter not in KINDS:
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
     if unroll != 1 and (drafter != "eagle" or not isinstance(unroll, int) or unroll < 1):
         raise SystemExit("train_heads: --unroll must be a whole number of draft steps >= 1, for eagle only")
+    if classification_weight != CLASSIFICATION_WEIGHT and (
+            drafter != "eagle" or not isinstance(classification_weight, (int, float)) or classification_weight < 0):
+        raise SystemExit("train_heads: --classification_weight must be a number >= 0, for eagle only")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
     state_dir = Path(state_dir).expanduser() / drafter
     if not (corpus_dir / "train.txt").exists():
@@ -266,10 +271,12 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     n_windows = min(64, (len(validation) - 1) // (seq_len + 1))
     validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
                                    for i in range(n_windows)]).astype(np.int32)
-    kind = KINDS[drafter](hparams, unroll) if drafter == "eagle" else KINDS[drafter](hparams)
+    kind = KINDS[drafter](hparams, unroll, classification_weight) if drafter == "eagle" else KINDS[drafter](hparams)
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
               "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
               **({"init_from": str(init_from)} if init_from else {}), **({"unroll": unroll} if unroll > 1 else {}),
+              **({"classification_weight": classification_weight}
+                 if classification_weight != CLASSIFICATION_WEIGHT else {}),
               **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
                   "continued_tokens": continued_tokens} if continued else {})}
     pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
