@@ -223,28 +223,39 @@ class GPT2Model(CachedModel):
 
     `features` [n_ctx, n_embd] float32: the state after ln_f (what the unembedding reads) of the token in each cache
     slot, written by the same forward pass that writes the slot's keys and values, and valid exactly where
-    `cached_tokens` is. Without a cache there is none (None): nothing is kept between calls.
+    `cached_tokens` is. Without a cache there is none (None): nothing is kept between calls. `states`
+    [len(taps) + 1, n_ctx, n_embd] holds them too, last, after the residual stream after each block in `taps` (set by
+    `tap`, for a drafter that reads lower layers).
     """
 
     def __init__(self, params, hparams, use_cache=True, unembedding=None):
         self.params, self.hparams, self.use_cache, self.unembedding = params, hparams, use_cache, unembedding
-        self.n_vocab, self.n_ctx = hparams["n_vocab"], hparams["n_ctx"]
+        self.n_vocab, self.n_ctx, self.taps = hparams["n_vocab"], hparams["n_ctx"], ()
         self.reset()
 
     def reset(self):
         """Forget everything cached (start a new sequence)."""
         self.cache = empty_cache(self.hparams) if self.use_cache else None
-        self.features = np.zeros((self.n_ctx, self.hparams["n_embd"]), np.float32) if self.use_cache else None
+        shape = (len(self.taps) + 1, self.n_ctx, self.hparams["n_embd"])
+        self.states = np.zeros(shape, np.float32) if self.use_cache else None
+        self.features = self.states[-1] if self.use_cache else None  # a view: written with states
         super().reset()
+
+    def tap(self, taps):
+        """Keep the residual stream after the blocks in taps (increasing, 1..n_layer) beside the features, from now
+        on; forgets what is cached."""
+        self.taps = tuple(taps)
+        self.reset()
 
     def forward(self, tokens, start=0, positions=None, mask=None):  # [n] -> [n, n_vocab], through the cache
         """gpt2(); with a cache, the tokens' features go to slots start.. as their keys and values do."""
         wte, wpe = self.params["wte"], self.params["wpe"]
         check_inputs(tokens, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=self.use_cache)
         states, _ = hidden_states(tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
-                                  positions=positions, mask=mask)
+                                  positions=positions, mask=mask, taps=self.taps)
         if self.use_cache:
-            self.features[start:start + len(tokens)] = states[-1]  # [n, n_embd]
+            for kept, state in zip(self.states, states):  # each tapped stream, then the features: [n, n_embd]
+                kept[start:start + len(tokens)] = state
         return unembed(states[-1], wte, self.unembedding)
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
@@ -289,5 +300,5 @@ class GPT2Model(CachedModel):
         to keep."""
         x, tokens, nodes = self.take_tree_path(nodes)
         if self.use_cache:
-            move_path([buffer for layer in self.cache for buffer in layer] + [self.features], len(x), nodes)
+            move_path([buffer for layer in self.cache for buffer in layer] + [self.states], len(x), nodes)
             self.cached_tokens = np.concatenate([x, tokens[nodes]])

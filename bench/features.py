@@ -1,6 +1,6 @@
 """What keeping the target's features costs the plain path: gpt2.GPT2Model's forward, which writes the state after ln_f
 of every slot it feeds (GPT2Model.features), against the same forward without that write (the logits alone); with
---backend jax, JaxGPT2Model's jitted step (jax_backend/gpt2_jax.feed_block, which writes DeviceCache.features) against
+--backend jax, JaxGPT2Model's jitted step (jax_backend/gpt2_jax.feed_block, which writes DeviceCache.states) against
 gpt2.gpt2_with_cache jitted alone, on the same padded block at the same position.
 
     python bench/features.py [--backend numpy] [--model teach-target] [--layout plain] [--threads 1] [--rounds 30]

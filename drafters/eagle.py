@@ -11,6 +11,11 @@ The predicted feature is post-ln_f already, so it goes to the target's unembeddi
 block is GPT-2's (gpt2.transformer_block) with parameters of its own and a KV cache of its own; it has no
 position embedding, because the target's features carry their positions.
 
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840) lets the head read lower layers too. A head with "fuse" arrays reads, at
+the true positions only, f_i + sum over tapped blocks l of ln_1 of block l+1 (residual after block l) @ fuse[l].w
+(fused_features); its own predictions, from the second draft step on, it reads as they are. The target keeps the
+tapped streams beside its features (gpt2.GPT2Model.tap, asked for by this drafter), so they cost no forward either.
+
 Drafting after x (n tokens): the target's true features exist for x[:-1] only (the call that produced x's last
 token scored the positions before it), so head slot j holds the pair (f_j, x_{j+1}), j = 0..n-2, and its output
 at slot n-2 drafts x_n. Each further step feeds the head's own prediction beside the token just drafted. After a
@@ -39,7 +44,7 @@ import numpy as np
 
 import gpt2
 import sampling
-from drafters.features import host_embeddings, true_features
+from drafters.features import host_embeddings, true_states
 from kvcache.contract import cache_resume
 
 def init_head(hparams, rng):
@@ -50,6 +55,29 @@ def init_head(hparams, rng):
     fc = {"w": (0.02 * rng.standard_normal((2 * n_embd, n_embd))).astype(np.float32),
           "b": np.zeros(n_embd, np.float32)}
     return {"fc": fc, "block": one_block}
+
+
+def head_taps(head):  # -> the target's blocks whose residual streams the head fuses (EAGLE-3), increasing
+    return tuple(sorted(int(layer) for layer in head.get("fuse", {})))
+
+
+def tap_norms(target_params, taps):  # -> each tapped stream's norm: the ln_1 of the block that reads it next
+    return [target_params["blocks"][layer]["ln_1"] for layer in taps]
+
+
+def fused_features(features, residuals, head, norms):  # [n, n_embd], taps x [n, n_embd] -> [n, n_embd]
+    """What the head reads at a true position: f_i, plus (a head with "fuse") EAGLE-3's fusion of lower layers (Li et
+    al. 2025, arXiv 2503.01840): fuse[l].w over the residual stream after block l, normed as block l+1 norms it, for
+    each tapped l. The matrices start at zero (init_fuse): a head given taps starts as the head it was."""
+    taps = head_taps(head)
+    for layer, residual, norm in zip(taps, residuals, norms):
+        features = features + gpt2.layer_norm(residual, **norm) @ head["fuse"][str(layer)]["w"]  # [n, n_embd]
+    return features
+
+
+def init_fuse(head, taps):  # -> the head with a zero fuse[l].w [n_embd, n_embd] for each tapped block l
+    n_embd = np.shape(head["fc"]["b"])[0]
+    return {**head, "fuse": {str(layer): {"w": np.zeros((n_embd, n_embd), np.float32)} for layer in taps}}
 
 
 def head_forward(features, tokens, head, wte, n_head, cache, start, mask=None):  # [n, n_embd], [n] -> [n, n_embd]
@@ -75,7 +103,14 @@ class EagleDraft:
             raise ValueError(f"the head's fc must be [{2 * n_embd}, {n_embd}] for a target of n_embd {n_embd}, got "
                              f"{list(np.shape(head['fc']['w']))}")
         self.target, self.head, self.n_head = target, head, target.hparams["n_head"]
-        self.n_vocab, self.n_ctx = target.n_vocab, target.n_ctx
+        self.n_vocab, self.n_ctx, self.taps = target.n_vocab, target.n_ctx, head_taps(head)
+        if self.taps and not 1 <= self.taps[0] <= self.taps[-1] < target.hparams["n_layer"]:
+            raise ValueError(f"the head fuses the residual streams after blocks {list(self.taps)}; this target has "
+                             f"blocks 1..{target.hparams['n_layer']}, and the last one's stream is f itself")
+        if self.taps and target.taps != self.taps:
+            target.tap(self.taps)  # the verifications from now on keep what the head reads
+        self.norms = [{name: np.asarray(array, np.float32) for name, array in norm.items()}  # on the host
+                      for norm in tap_norms(target.params, self.taps)]
         self.cache = gpt2.empty_cache({**target.hparams, "n_layer": 1})[0]  # ([n_head, n_ctx, head_dim], same)
         self.reset()
 
@@ -85,6 +120,10 @@ class EagleDraft:
 
     def paired_tokens(self, x):  # [n] -> [n-1]: the token beside each feature of x[:-1]
         return x[1:]  # f_j predicts x_{j+1}, and the head reads f_j with x_{j+1}: the pairing EAGLE trains
+
+    def true_reads(self, x, start):  # [n] -> what the head reads at x's positions from start on [n - start, n_embd]
+        *residuals, features = true_states(self.target, x, start)
+        return fused_features(features, residuals, self.head, self.norms)
 
     def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab]: the target's unembedding reads the head
         return predicted @ self.unembedding  # 2-D: a faster layout multiplies rows only
@@ -106,7 +145,7 @@ class EagleDraft:
         drafts, p = [], []
         if K > 0 and len(x) >= 2:
             start = self.resume(x)
-            features, tokens = true_features(self.target, x[:-1], start), self.paired_tokens(x)[start:]
+            features, tokens = self.true_reads(x[:-1], start), self.paired_tokens(x)[start:]
             for _ in range(K):
                 features, logits = self.head_logits(features, tokens, start)
                 p.append(sampling.logits_to_probs(logits, settings))

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from drafters.eagle import EagleDraft, head_forward
-from drafters.features import true_features
 from kvcache.tree import tree_ancestry, tree_mask
 from verifiers.tree import TokenTree, check_n_nodes
 
@@ -104,7 +103,7 @@ class EagleTree(EagleDraft):
     def grow(self, x, K, n_drafts):  # -> GrownTree, to depth K
         """The expansion phase: the true pairs give the root's children, then each depth's frontier is fed at once."""
         start = self.resume(x)
-        features, tokens = true_features(self.target, x[:-1], start), self.paired_tokens(x)[start:]
+        features, tokens = self.true_reads(x[:-1], start), self.paired_tokens(x)[start:]
         predicted = head_forward(features, tokens, self.head, self.wte, self.n_head, self.cache, start)
         grown = GrownTree()
         self.read_out(grown, [-1], predicted[-1:], n_drafts)

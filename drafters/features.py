@@ -1,5 +1,6 @@
 """The target's features, as the drafters read them: its state after ln_f at each position, the vector its
-unembedding turns into the next token's logits (EAGLE's f_i, Medusa's last hidden state).
+unembedding turns into the next token's logits (EAGLE's f_i, Medusa's last hidden state); and, for a target told to
+tap them, the residual stream after chosen blocks (EAGLE-3's lower layers).
 
 A cached gpt2.GPT2Model keeps them beside its KV cache (`features`, one row per cache slot, valid where its
 `cached_tokens` is), written by the very forward pass that verifies the drafts: reading them costs no second forward.
@@ -38,10 +39,16 @@ def true_features(target, x, start=0):  # [n] -> [n - start, n_embd] float32, a 
     next verification, which needs its logits, feeds it again). A target without a cache keeps no features: they are
     computed by a separate forward, as that target recomputes everything at every call anyway.
     """
+    return true_states(target, x, start)[-1]
+
+
+def true_states(target, x, start=0):  # [n] -> [len(target.taps) + 1, n - start, n_embd] float32, a copy
+    """true_features, after the residual stream after each block the target taps (its `tap`), row by row."""
     x = np.asarray(x, dtype=np.int64)
     if not target.use_cache:
-        states, _ = gpt2.hidden_states(x, **target.params, n_head=target.hparams["n_head"], cache=None, start=0)
-        return states[-1][start:]
+        states, _ = gpt2.hidden_states(x, **target.params, n_head=target.hparams["n_head"], cache=None, start=0,
+                                       taps=target.taps)
+        return np.stack(states)[:, start:]
     if common_prefix_length(target.cached_tokens, x) < len(x):
         target.logits(x, n_last=1)  # fills the cache and the features up to x; the logits are not needed here
-    return np.array(target.features[start:len(x)], dtype=np.float32)  # a copy: the target's later calls overwrite it
+    return np.array(target.states[:, start:len(x)], dtype=np.float32)  # a copy: the target's later calls overwrite it

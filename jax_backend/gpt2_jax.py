@@ -6,7 +6,7 @@ reads), so the sampling algorithms, verifiers/ and the drafters that read featur
 fast on an accelerator:
 
 - The weights are copied to the device once. The KV cache lives there too, as static-shape buffers of
-  n_ctx positions per layer (gpt2.empty_cache) beside the features of every slot (`DeviceCache`); the jitted
+  n_ctx positions per layer (gpt2.empty_cache) beside the features of every slot (`DeviceCache.states`); the jitted
   step donates them, so XLA updates them in place instead of copying the whole cache every token.
 - The step is compiled once per *bucket*, not once per call: the tokens to feed are padded to the next
   power of two (capped at n_ctx) and their position `start` is a traced scalar, so decoding token after
@@ -102,47 +102,50 @@ class DeviceCache(NamedTuple):
     """What a JAX model keeps on the device between calls, slot by slot (slots on axis 1 of every buffer)."""
 
     layers: list  # n_layer x (keys, values), each [n_head, n_ctx, head_dim] (gpt2.empty_cache)
-    features: jax.Array  # [1, n_ctx, n_embd]: each slot's state after ln_f, what a drafter reads (drafters/features.py)
+    states: jax.Array  # [len(taps) + 1, n_ctx, n_embd]: each slot's tapped residuals, then its state after ln_f
 
 
-def empty_device_cache(hparams, dtype):
+def empty_device_cache(hparams, dtype, n_taps=0):
     return DeviceCache(gpt2.empty_cache(hparams, xp=jnp, dtype=dtype),
-                       jnp.zeros((1, hparams["n_ctx"], hparams["n_embd"]), dtype))
+                       jnp.zeros((n_taps + 1, hparams["n_ctx"], hparams["n_embd"]), dtype))
 
 
-def forward(params, cache, tokens, start, n_head, positions=None, mask=None):  # [n_seq] -> [n_seq, n_vocab], cache
+def forward(params, cache, tokens, start, n_head, positions=None, mask=None, taps=()):  # [n_seq] -> [n_seq, n_vocab]
     """gpt2.gpt2_with_cache, writing the tokens' features to their slots beside their keys and values, its matmuls at
     full precision: XLA would use TF32 (a 10-bit mantissa) for float32 on NVIDIA GPUs. Memory-bound decoding loses
     nothing by it."""
     with jax.default_matmul_precision("highest"):
         states, layers = gpt2.hidden_states(tokens, **params, n_head=n_head, cache=cache.layers, start=start,
-                                            positions=positions, mask=mask)
+                                            positions=positions, mask=mask, taps=taps)
         logits = gpt2.unembed(states[-1], params["wte"])
-    features = lax.dynamic_update_slice_in_dim(cache.features, states[-1][None].astype(cache.features.dtype), start, 1)
-    return logits, DeviceCache(layers, features)
+    states = lax.dynamic_update_slice_in_dim(cache.states, jnp.stack(states).astype(cache.states.dtype), start, 1)
+    return logits, DeviceCache(layers, states)
 
 
 @dataclasses.dataclass(frozen=True)
 class Forward:
-    """forward() for one n_head, equal and hashable by value: sampling_jax's loops take it as a static argument."""
+    """forward() for one n_head and taps, equal and hashable by value: sampling_jax's loops take it as a static
+    argument."""
 
     n_head: int
+    taps: tuple = ()
 
     def __call__(self, params, cache, tokens, start):  # [n_seq] -> [n_seq, n_vocab], the new cache
-        return forward(params, cache, tokens, start, self.n_head)
+        return forward(params, cache, tokens, start, self.n_head, taps=self.taps)
 
 
-@functools.partial(jax.jit, static_argnames=("n_head", "n_out"), donate_argnames=("cache",))
-def feed_block(params, cache, tokens, start, first_row, n_head, n_out):
+@functools.partial(jax.jit, static_argnames=("n_head", "n_out", "taps"), donate_argnames=("cache",))
+def feed_block(params, cache, tokens, start, first_row, n_head, n_out, taps=()):
     """Feed a padded block at positions start..; return logits rows first_row.. (n_out of them) and the cache."""
     TRACES["feed_block"] += 1
-    logits, cache = forward(params, cache, tokens, start, n_head)
+    logits, cache = forward(params, cache, tokens, start, n_head, taps=taps)
     rows = lax.dynamic_slice_in_dim(logits, first_row, n_out)  # [n_out, n_vocab]
     return rows.astype(jnp.float32), cache
 
 
-@functools.partial(jax.jit, static_argnames=("n_head", "temperature", "top_k", "top_p"), donate_argnames=("cache",))
-def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head, temperature, top_k, top_p):
+@functools.partial(jax.jit, static_argnames=("n_head", "temperature", "top_k", "top_p", "taps"),
+                   donate_argnames=("cache",))
+def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head, temperature, top_k, top_p, taps=()):
     """Draw n_draft tokens one after another on the device, starting from the logits of the last token fed.
 
     Token i is drawn with uniforms[i] from its distribution p_i; every token but the last is fed back, at
@@ -159,7 +162,7 @@ def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head,
     def draw_and_feed(i, carry):
         cache, logits_row, drafted, drafted_probs = carry
         token, probs = draw(i, logits_row)
-        next_logits, cache = forward(params, cache, token[None], position + i, n_head)
+        next_logits, cache = forward(params, cache, token[None], position + i, n_head, taps=taps)
         return cache, next_logits[0].astype(jnp.float32), drafted.at[i].set(token), drafted_probs.at[i].set(probs)
 
     n_out, n_vocab = uniforms.shape[0], logits_row.shape[-1]
@@ -169,12 +172,12 @@ def draft_tokens(params, cache, logits_row, position, uniforms, n_draft, n_head,
     return drafted.at[n_draft - 1].set(token), drafted_probs.at[n_draft - 1].set(probs), cache
 
 
-@functools.partial(jax.jit, static_argnames=("n_head",), donate_argnames=("cache",))
-def feed_tree(params, cache, tokens, positions, mask, start, n_head):
+@functools.partial(jax.jit, static_argnames=("n_head", "taps"), donate_argnames=("cache",))
+def feed_tree(params, cache, tokens, positions, mask, start, n_head, taps=()):
     """Feed a padded block of a prefix's tokens and a token tree's nodes at slots start.., with the nodes'
     positions and a mask over the whole cache buffer: -> logits [len(tokens), n_vocab] float32, the cache."""
     TRACES["feed_tree"] += 1
-    logits, cache = forward(params, cache, tokens, start, n_head, positions, mask)
+    logits, cache = forward(params, cache, tokens, start, n_head, positions, mask, taps)
     return logits.astype(jnp.float32), cache
 
 
@@ -204,6 +207,7 @@ class JaxGPT2Model(CachedModel):
             raise ValueError(f"unknown dtype {dtype!r} for the JAX backend: choose float32 or bfloat16")
         self.hparams, self.dtype = hparams, dtype
         self.n_vocab, self.n_ctx, self.n_head = hparams["n_vocab"], hparams["n_ctx"], hparams["n_head"]
+        self.taps = ()
         self.device_forward = Forward(self.n_head)  # what sampling_jax's whole-loop decoders run
         # NumPy arrays are copied to the device once; arrays already there (a benchmark's) stay there
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype=COMPUTE_DTYPES[dtype]), params)
@@ -211,12 +215,21 @@ class JaxGPT2Model(CachedModel):
 
     def reset(self):
         """Forget everything cached (start a new sequence)."""
-        self.cache = empty_device_cache(self.hparams, COMPUTE_DTYPES[self.dtype])
+        self.cache = empty_device_cache(self.hparams, COMPUTE_DTYPES[self.dtype], len(self.taps))
         super().reset()
+
+    def tap(self, taps):  # gpt2.GPT2Model.tap: keep the residual stream after these blocks too; forgets the cache
+        self.taps = tuple(taps)
+        self.device_forward = Forward(self.n_head, self.taps)
+        self.reset()
+
+    @property
+    def states(self):  # [len(taps) + 1, n_ctx, n_embd] on the device, in the compute dtype
+        return self.cache.states
 
     @property
     def features(self):  # [n_ctx, n_embd] on the device, in the compute dtype
-        return self.cache.features[0]
+        return self.cache.states[-1]
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab], float32 NumPy
         x = self._check_tokens(x)
@@ -251,7 +264,7 @@ class JaxGPT2Model(CachedModel):
         last_logits, _ = self._feed(x, 1)  # stays on the device: the draft loop is queued right behind it
         drafted, probs, self.cache = draft_tokens(
             self.params, self.cache, last_logits[0], np.int32(len(x)), padded_uniforms, np.int32(n_draft),
-            n_head=self.n_head, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+            n_head=self.n_head, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), taps=self.taps)
         drafted = np.asarray(drafted)[:n_draft].astype(np.int64)
         self.cached_tokens = np.concatenate([x, drafted[:-1]])
         return drafted, np.asarray(probs)[:n_draft]
@@ -274,7 +287,7 @@ class JaxGPT2Model(CachedModel):
         block[:n_real], positions[:n_real], mask[:n_real, :len(x) + len(tokens)] = tree_feed(x, tokens, parents, start)
         mask[n_real:, 0] = 0.0  # a padding row sees the first position (its output is dropped)
         logits, self.cache = feed_tree(self.params, self.cache, block, positions, mask, np.int32(start),
-                                       n_head=self.n_head)
+                                       n_head=self.n_head, taps=self.taps)
         self.cached_tokens = x  # the slots past x hold the tree: scratch until keep_tree_path
         self.tree = (x, tokens, parents)
         return np.asarray(logits)[n_fed - 1:n_real]
@@ -304,7 +317,7 @@ class JaxGPT2Model(CachedModel):
         n_out = 1 if n_last == 1 else len(block)
         first_row = n_real - n_out if n_last == 1 else 0
         rows, self.cache = feed_block(self.params, self.cache, block, np.int32(block_start), np.int32(first_row),
-                                      n_head=self.n_head, n_out=n_out)
+                                      n_head=self.n_head, n_out=n_out, taps=self.taps)
         self.cached_tokens = x
         return rows, n_real - n_last - first_row
 

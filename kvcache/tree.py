@@ -76,7 +76,8 @@ def check_tree_path(nodes, parents):  # -> nodes [m] int64
 
 def move_path(buffers, n_prefix, nodes):  # buffers: NumPy arrays [..., n_ctx, d] indexed by cache slot, in place
     """The accepted path's rows from the nodes' slots n_prefix + nodes to their depths' slots, in every buffer: each
-    layer's keys and values ([n_head, n_ctx, head_dim]) and the target's features ([n_ctx, n_embd], gpt2.GPT2Model)."""
+    layer's keys and values ([n_head, n_ctx, head_dim]) and the target's states ([len(taps) + 1, n_ctx, n_embd],
+    gpt2.GPT2Model)."""
     kept = slice(n_prefix, n_prefix + len(nodes))  # the fancy index on the right copies before the write
     for buffer in buffers:
         buffer[..., kept, :] = buffer[..., n_prefix + nodes, :]

@@ -95,6 +95,7 @@ def test_the_committed_heads_load_for_the_bundled_target_and_models_stays_within
             assert f"python tools/train_heads.py {name} --steps {recipe['steps']}" in card
             for option, value in recipe.items():  # each option the run gave beside its defaults
                 if option in defaults and value != defaults[option]:
+                    value = ",".join(map(str, value)) if isinstance(value, list) else value  # --taps 2,4
                     assert re.search(rf"--{option} {re.escape(str(value))}(?![\w.])", card), (folder, option)
             training = training.get("continued_from")
     size = sum(path.stat().st_size for path in (REPO / "models").rglob("*") if path.is_file())

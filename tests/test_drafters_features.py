@@ -13,8 +13,8 @@ import engine
 import gpt2
 import sampling
 from conftest import bundled_pair_after
-from drafters.eagle import EagleDraft, init_head
-from drafters.features import true_features
+from drafters.eagle import EagleDraft, init_fuse, init_head
+from drafters.features import true_features, true_states
 from gpt2_cases import random_params
 from speedup.stats import SpeculativeStats
 
@@ -26,6 +26,11 @@ HIDDEN_STATES = gpt2.hidden_states  # the reference, beside record_forwards' cou
 
 def fresh_features(tokens):  # -> [n, n_embd]: one forward without a cache
     return HIDDEN_STATES(np.asarray(tokens), **PARAMS, n_head=HPARAMS["n_head"], cache=None, start=0)[0][-1]
+
+
+def fresh_states(tokens, taps):  # -> [len(taps) + 1, n, n_embd]: the tapped streams and the features, uncached
+    return np.stack(HIDDEN_STATES(np.asarray(tokens), **PARAMS, n_head=HPARAMS["n_head"], cache=None, start=0,
+                                  taps=taps)[0])
 
 
 def assert_close(got, expected):  # cached against uncached: the same ops in other shapes, float32 rounding apart
@@ -66,6 +71,34 @@ def test_a_trees_features_wait_in_scratch_slots_and_the_kept_path_moves_them():
     model.keep_tree_path(paths[3])
     assert np.array_equal(model.cached_tokens, np.append(x, tokens[paths[3]]))
     assert_close(model.features[:len(model.cached_tokens)], fresh_features(model.cached_tokens))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_tapped_target_keeps_the_streams_after_its_taps_beside_the_features(backend):
+    """tap((1,)): every call that feeds the cache (chains, rollbacks, a tree and its kept path) writes the residual
+    stream after block 1 of each slot beside its features, as a fresh forward computes them."""
+    if backend == "jax":
+        pytest.importorskip("jax")
+        from jax_backend.gpt2_jax import JaxGPT2Model
+    model = gpt2.GPT2Model(PARAMS, HPARAMS) if backend == "numpy" else JaxGPT2Model(PARAMS, HPARAMS)
+    model.logits(TOKENS[:4])
+    model.tap((1,))
+    assert model.taps == (1,) and len(model.cached_tokens) == 0  # tapping forgets the cache
+    other = TOKENS.copy()
+    other[9:] = (other[9:] + 1) % HPARAMS["n_vocab"]
+    for x in (TOKENS[:6], TOKENS[:11], other[:15], other[:9]):
+        model.logits(x, n_last=2)
+        assert model.states.shape == (2, HPARAMS["n_ctx"], HPARAMS["n_embd"])
+        assert_close(true_states(model, x), fresh_states(x, (1,)))
+        assert_close(true_features(model, x[:-1], start=3), fresh_features(x[:-1])[3:])
+    x, tokens, parents = TOKENS[:5], np.array([9, 2, 6, 5]), np.array([-1, 0, -1, 1])
+    model.tree_logits(x, tokens, parents)
+    model.keep_tree_path([0, 1])
+    kept = np.concatenate([x, tokens[[0, 1]]])
+    assert_close(true_states(model, kept), fresh_states(kept, (1,)))
+    untapped = gpt2.GPT2Model(PARAMS, HPARAMS, use_cache=False)
+    untapped.tap((1,))
+    assert_close(true_states(untapped, TOKENS[:7], start=2), fresh_states(TOKENS[:7], (1,))[:, 2:])
 
 
 def test_true_features_reads_the_kept_rows_and_feeds_only_what_the_cache_lacks(monkeypatch):
@@ -135,11 +168,15 @@ def test_the_jax_model_keeps_a_fresh_forwards_features_through_every_call_that_f
         assert_close(true_features(model, model.cached_tokens), fresh_features(model.cached_tokens))
 
 
-def test_eagle_drafts_from_a_jax_target_what_it_drafts_from_a_numpy_one():
+@pytest.mark.parametrize("taps", [(), (1,)])
+def test_eagle_drafts_from_a_jax_target_what_it_drafts_from_a_numpy_one(taps):
     pytest.importorskip("jax")
     from jax_backend import gpt2_jax
 
     head, x, settings = init_head(HPARAMS, np.random.default_rng(1)), TOKENS[:12], sampling.SamplingSettings()
+    if taps:  # a head that fuses the stream after block 1 (EAGLE-3), its matrix non-zero
+        head = init_fuse(head, taps)
+        head["fuse"]["1"]["w"] = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float32)
     proposals = [EagleDraft(target, head).propose(x, 3, settings, np.random.default_rng(2), SpeculativeStats())
                  for target in (gpt2.GPT2Model(PARAMS, HPARAMS), gpt2_jax.JaxGPT2Model(PARAMS, HPARAMS))]
     assert np.array_equal(proposals[0][0], proposals[1][0])

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 import gpt2
+import sampling
 import utils
 from conftest import REPO
+from drafters.eagle import EagleDraft
 from drafters.heads import flatten, load_head
 from helpers import stop_training_at
+from speedup.stats import SpeculativeStats
 
 jax = pytest.importorskip("jax")
 from tools import train_heads  # noqa: E402
@@ -125,6 +128,29 @@ def test_the_unrolled_steps_are_the_chain_s_draft_steps(tmp_path):
 def test_unroll_is_eagle_s_alone():
     with pytest.raises(SystemExit, match="--unroll"):
         train_heads.main("medusa", unroll=2)
+
+
+def test_a_head_given_taps_starts_as_it_was_and_learns_to_fuse_the_lower_stream(tiny_setup, tmp_path):
+    """--taps 1 (EAGLE-3's fusion): the zero fuse matrix leaves the loss as it was; a few steps make it non-zero, and
+    the head written drafts through drafters/eagle.py."""
+    params = jax.tree.map(jax.numpy.asarray, gpt2.init_params(TINY_TARGET, np.random.default_rng(0)))
+    head = train_heads.Eagle(TINY_TARGET).init(TINY_TARGET, np.random.default_rng(1), params)
+    window, key = jax.numpy.asarray(np.random.default_rng(2).integers(0, 4096, 13)), jax.random.PRNGKey(0)
+    tapped = train_heads.Eagle(TINY_TARGET, taps=(1,))
+    assert float(tapped.loss(tapped.start(head), params, window, key)) == pytest.approx(
+        float(train_heads.Eagle(TINY_TARGET).loss(head, params, window, key)), rel=1e-6)
+    models_dir, corpus_dir = tiny_setup
+    trained, info = train(models_dir, corpus_dir, tmp_path / "tapped", taps=(1,))
+    assert info["training"]["recipe"]["taps"] == [1] and trained["fuse"]["1"]["w"].shape == (16, 16)
+    assert np.abs(trained["fuse"]["1"]["w"]).max() > 0
+    _, hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", models_dir)
+    target = gpt2.GPT2Model(target_params, hparams)
+    drafts, _ = EagleDraft(target, trained).propose(np.arange(8), 2, sampling.GREEDY, np.random.default_rng(0),
+                                                    SpeculativeStats())
+    assert target.taps == (1,) and len(drafts) == 2
+    for drafter, taps in (("medusa", 1), ("eagle", (0,)), ("eagle", (1, 1)), ("eagle", 2)):
+        with pytest.raises(SystemExit, match="--taps"):
+            train_heads.main(drafter, models_dir=models_dir, corpus_dir=corpus_dir, taps=taps)
 
 
 def test_the_classification_weight_scales_eagle_s_token_loss_alone():

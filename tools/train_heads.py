@@ -19,7 +19,10 @@ paper's:
   trained on those predictions themselves: EAGLE-3's training-time test (Li et al. 2025, arXiv 2503.01840). Draft
   step d reads the head's own pairs of steps 2..d after the true ones (unrolled_mask), and the loss is the mean over
   the D steps; at temperature 0 a chain's step d is accepted only if steps 1..d-1 were, so the tokens beside those
-  predicted features are the text's own.
+  predicted features are the text's own. With --taps 2,4 the head also reads EAGLE-3's fusion of lower layers
+  (drafters/eagle.fused_features): the residual stream after those blocks, normed as the next block norms it, through
+  a matrix per block added to f_i at the true positions; the matrices start at zero, so a head continued with taps
+  starts as it was.
 - Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
   corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss). Afterwards the heads'
   top-ranked tokens are scored on the validation windows: the accuracies MedusaDraft prunes its tree by.
@@ -101,11 +104,22 @@ class Eagle:
 
     name, default_out, eval_depth = "eagle", "teach-eagle", 4  # agreement is reported for draft steps 1..K = 4
 
-    def __init__(self, hparams, unroll=1, classification_weight=CLASSIFICATION_WEIGHT):
+    def __init__(self, hparams, unroll=1, classification_weight=CLASSIFICATION_WEIGHT, taps=()):
         self.n_head, self.unroll, self.classification_weight = hparams["n_head"], unroll, classification_weight
+        self.taps = tuple(taps)
 
     def init(self, hparams, rng, target_params):
-        return eagle.init_head(hparams, rng)
+        return self.start(eagle.init_head(hparams, rng))
+
+    def start(self, head):  # a fresh or loaded head, given the zero fuse.w its taps need
+        return eagle.init_fuse(head, self.taps) if self.taps and "fuse" not in head else head
+
+    def features(self, head, target_params, window):  # -> the true f [seq, n_embd], what the head reads of them
+        if not self.taps:
+            features = target_features(target_params, self.n_head, window)
+            return features, features
+        *residuals, features = target_features(target_params, self.n_head, window, self.taps)
+        return features, eagle.fused_features(features, residuals, head, eagle.tap_norms(target_params, self.taps))
 
     def predicted(self, head, wte, features, window, depth):  # -> f^ at draft steps 1..depth, [depth, seq-1, n_embd]
         """Step d's prediction at slot s is of f_{s+1}, as is every step's: see unrolled_mask."""
@@ -121,8 +135,8 @@ class Eagle:
         return predicted.reshape(depth, n, -1)
 
     def loss(self, head, target_params, window, key):  # one window [seq] -> scalar
-        features = target_features(target_params, self.n_head, window)
-        noisy = features + jax.random.uniform(key, features.shape, minval=-NOISE, maxval=NOISE)
+        features, read = self.features(head, target_params, window)
+        noisy = read + jax.random.uniform(key, read.shape, minval=-NOISE, maxval=NOISE)
         predicted = self.predicted(head, target_params["wte"], noisy, window, self.unroll)
         true, unembedding = features[1:], target_params["wte"].T  # no noise on what it must predict
         losses = smooth_l1(predicted, true) + self.classification_weight * soft_cross_entropy(
@@ -130,8 +144,8 @@ class Eagle:
         return jnp.mean(mean_by_step(losses))  # each step weighs the same
 
     def metrics(self, head, target_params, window):  # one window -> {name: scalar}, without noise
-        features = target_features(target_params, self.n_head, window)
-        predicted = self.predicted(head, target_params["wte"], features, window, self.eval_depth)
+        features, read = self.features(head, target_params, window)
+        predicted = self.predicted(head, target_params["wte"], read, window, self.eval_depth)
         true, unembedding = features[1:], target_params["wte"].T
         by_step = mean_by_step(jnp.argmax(predicted @ unembedding, -1) == jnp.argmax(true @ unembedding, -1))
         return {"feature_loss": jnp.mean(smooth_l1(predicted[0], true)), "top1_agreement": by_step[0],
@@ -243,7 +257,8 @@ def validation_metrics(kind, head, target_params, windows, batch_size=8):  # -> 
 def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None, steps=2000, batch_size=8,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
          state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
-         pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1, classification_weight=CLASSIFICATION_WEIGHT):
+         pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1, classification_weight=CLASSIFICATION_WEIGHT,
+         taps=()):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
@@ -271,12 +286,17 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     n_windows = min(64, (len(validation) - 1) // (seq_len + 1))
     validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
                                    for i in range(n_windows)]).astype(np.int32)
-    kind = KINDS[drafter](hparams, unroll, classification_weight) if drafter == "eagle" else KINDS[drafter](hparams)
+    taps = (taps,) if isinstance(taps, int) else tuple(taps)
+    if taps and (drafter != "eagle" or not all(isinstance(n, int) for n in taps) or list(taps) != sorted(set(taps))
+                 or not 1 <= taps[0] <= taps[-1] < hparams["n_layer"]):
+        raise SystemExit(f"train_heads: --taps must be increasing layers 1..{hparams['n_layer'] - 1}, for eagle only")
+    kind = (KINDS[drafter](hparams, unroll, classification_weight, taps) if drafter == "eagle"
+            else KINDS[drafter](hparams))
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
               "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
               **({"init_from": str(init_from)} if init_from else {}), **({"unroll": unroll} if unroll > 1 else {}),
               **({"classification_weight": classification_weight}
-                 if classification_weight != CLASSIFICATION_WEIGHT else {}),
+                 if classification_weight != CLASSIFICATION_WEIGHT else {}), **({"taps": list(taps)} if taps else {}),
               **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
                   "continued_tokens": continued_tokens} if continued else {})}
     pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
@@ -291,6 +311,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     if state is None:
         rng = np.random.default_rng(seed)
         initial, earlier = load_head(init_from, drafter) if init_from else (kind.init(hparams, rng, target_params), {})
+        initial = kind.start(initial) if drafter == "eagle" else initial
         head = jax.tree.map(jnp.asarray, initial)
         log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
                "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0,
