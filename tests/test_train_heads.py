@@ -149,8 +149,10 @@ def test_a_head_given_taps_starts_as_it_was_and_learns_to_fuse_the_lower_stream(
                                                     SpeculativeStats())
     assert target.taps == (1,) and len(drafts) == 2
     for drafter, taps in (("medusa", 1), ("eagle", (0,)), ("eagle", (1, 1)), ("eagle", 2)):
-        with pytest.raises(SystemExit, match="--taps"):
-            train_heads.main(drafter, models_dir=models_dir, corpus_dir=corpus_dir, taps=taps)
+        with pytest.raises(SystemExit, match="--taps"):  # refused before anything is written
+            train_heads.main(drafter, models_dir=models_dir, corpus_dir=corpus_dir, taps=taps,
+                             state_dir=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_classification_weight_scales_eagle_s_token_loss_alone():

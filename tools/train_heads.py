@@ -279,6 +279,10 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     if not (corpus_dir / "train.txt").exists():
         raise SystemExit(f"train_heads: {corpus_dir / 'train.txt'} is missing: build it with python tools/build_corpus.py")
     encoder, hparams, target_params = utils.load_encoder_hparams_and_params(TARGET, models_dir)
+    taps = (taps,) if isinstance(taps, int) else tuple(taps)
+    if taps and (drafter != "eagle" or not all(isinstance(n, int) for n in taps) or list(taps) != sorted(set(taps))
+                 or not 1 <= taps[0] <= taps[-1] < hparams["n_layer"]):
+        raise SystemExit(f"train_heads: --taps must be increasing layers 1..{hparams['n_layer'] - 1}, for eagle only")
     state_dir.mkdir(parents=True, exist_ok=True)
     tokens = train_pair.load_tokens(corpus_dir / "train.txt", encoder, state_dir / "train_tokens.npy",
                                     vocabulary_file=models_dir / TARGET / "encoder.json")
@@ -286,10 +290,6 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     n_windows = min(64, (len(validation) - 1) // (seq_len + 1))
     validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
                                    for i in range(n_windows)]).astype(np.int32)
-    taps = (taps,) if isinstance(taps, int) else tuple(taps)
-    if taps and (drafter != "eagle" or not all(isinstance(n, int) for n in taps) or list(taps) != sorted(set(taps))
-                 or not 1 <= taps[0] <= taps[-1] < hparams["n_layer"]):
-        raise SystemExit(f"train_heads: --taps must be increasing layers 1..{hparams['n_layer'] - 1}, for eagle only")
     kind = (KINDS[drafter](hparams, unroll, classification_weight, taps) if drafter == "eagle"
             else KINDS[drafter](hparams))
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,

@@ -24,6 +24,7 @@ it for a benchmark with `kill -STOP <pid>` and let it go on with `kill -CONT <pi
         --state_dir ~/.cache/speculative-kit/train_pair --steps 1500 > ~/.cache/speculative-kit/train_pair.log 2>&1 &
 """
 
+import io
 import json
 import math
 import os
@@ -51,7 +52,9 @@ def load_tokens(corpus_file, encoder, cache_file, vocabulary_file=None):
         return np.load(cache_file)
     ids = encoder.encode(corpus_file.read_text(encoding="utf-8"), allow_eot=True) + [encoder.eot_token]
     tokens = np.asarray(ids, dtype=np.uint16)
-    np.save(cache_file, tokens)
+    array_file = io.BytesIO()
+    np.save(array_file, tokens)
+    write_atomically(cache_file, array_file.getvalue())  # a new file: one hard-linked beside it keeps its tokens
     return tokens
 
 
