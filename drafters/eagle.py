@@ -75,9 +75,11 @@ def fused_features(features, residuals, head, norms):  # [n, n_embd], taps x [n,
     return features
 
 
-def init_fuse(head, taps):  # -> the head with a zero fuse[l].w [n_embd, n_embd] for each tapped block l
-    n_embd = np.shape(head["fc"]["b"])[0]
-    return {**head, "fuse": {str(layer): {"w": np.zeros((n_embd, n_embd), np.float32)} for layer in taps}}
+def init_fuse(head, taps):  # -> the head with a zero fuse[l].w [n_embd, n_embd] for each block l in taps it lacks
+    n_embd, fuse = np.shape(head["fc"]["b"])[0], dict(head.get("fuse", {}))
+    for layer in taps:
+        fuse.setdefault(str(layer), {"w": np.zeros((n_embd, n_embd), np.float32)})
+    return {**head, "fuse": fuse} if fuse else head
 
 
 def head_forward(features, tokens, head, wte, n_head, cache, start, mask=None):  # [n, n_embd], [n] -> [n, n_embd]

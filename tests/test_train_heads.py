@@ -144,6 +144,11 @@ def test_a_head_given_taps_starts_as_it_was_and_learns_to_fuse_the_lower_stream(
     assert info["training"]["recipe"]["taps"] == [1] and trained["fuse"]["1"]["w"].shape == (16, 16)
     assert np.abs(trained["fuse"]["1"]["w"]).max() > 0
     _, hparams, target_params = utils.load_encoder_hparams_and_params("teach-target", models_dir)
+    continued = train_heads.Eagle(TINY_TARGET).start(trained)  # no --taps: the head keeps fusing block 1
+    assert train_heads.Eagle(TINY_TARGET).loss(continued, params, window, key) == pytest.approx(
+        float(tapped.loss(trained, params, window, key)), rel=1e-6)
+    extended = train_heads.Eagle(TINY_TARGET, taps=(1,)).start(trained)["fuse"]  # block 1's matrix kept, not zeroed
+    assert set(extended) == {"1"} and np.array_equal(extended["1"]["w"], trained["fuse"]["1"]["w"])
     target = gpt2.GPT2Model(target_params, hparams)
     drafts, _ = EagleDraft(target, trained).propose(np.arange(8), 2, sampling.GREEDY, np.random.default_rng(0),
                                                     SpeculativeStats())

@@ -22,7 +22,7 @@ paper's:
   predicted features are the text's own. With --taps 2,4 the head also reads EAGLE-3's fusion of lower layers
   (drafters/eagle.fused_features): the residual stream after those blocks, normed as the next block norms it, through
   a matrix per block added to f_i at the true positions; the matrices start at zero, so a head continued with taps
-  starts as it was.
+  starts as it was (a head that fuses some blocks already keeps fusing them, with or without --taps).
 - Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
   corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss). Afterwards the heads'
   top-ranked tokens are scored on the validation windows: the accuracies MedusaDraft prunes its tree by.
@@ -111,15 +111,16 @@ class Eagle:
     def init(self, hparams, rng, target_params):
         return self.start(eagle.init_head(hparams, rng))
 
-    def start(self, head):  # a fresh or loaded head, given the zero fuse.w its taps need
-        return eagle.init_fuse(head, self.taps) if self.taps and "fuse" not in head else head
+    def start(self, head):  # a fresh or loaded head, given a zero fuse matrix for each of --taps it lacks
+        return eagle.init_fuse(head, self.taps)
 
     def features(self, head, target_params, window):  # -> the true f [seq, n_embd], what the head reads of them
-        if not self.taps:
+        taps = eagle.head_taps(head)  # the blocks the head fuses: --taps, and those of the head it continues
+        if not taps:
             features = target_features(target_params, self.n_head, window)
             return features, features
-        *residuals, features = target_features(target_params, self.n_head, window, self.taps)
-        return features, eagle.fused_features(features, residuals, head, eagle.tap_norms(target_params, self.taps))
+        *residuals, features = target_features(target_params, self.n_head, window, taps)
+        return features, eagle.fused_features(features, residuals, head, eagle.tap_norms(target_params, taps))
 
     def predicted(self, head, wte, features, window, depth):  # -> f^ at draft steps 1..depth, [depth, seq-1, n_embd]
         """Step d's prediction at slot s is of f_{s+1}, as is every step's: see unrolled_mask."""
