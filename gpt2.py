@@ -224,8 +224,8 @@ class GPT2Model(CachedModel):
     `features` [n_ctx, n_embd] float32: the state after ln_f (what the unembedding reads) of the token in each cache
     slot, written by the same forward pass that writes the slot's keys and values, and valid exactly where
     `cached_tokens` is. Without a cache there is none (None): nothing is kept between calls. `states`
-    [len(taps) + 1, n_ctx, n_embd] holds them too, last, after the residual stream after each block in `taps` (set by
-    `tap`, for a drafter that reads lower layers).
+    [len(taps) + 1, n_ctx, n_embd]: each slot's residual stream after every block in `taps` (set by `tap`, for a
+    drafter that reads lower layers), then its features (`features` is the last row, a view).
     """
 
     def __init__(self, params, hparams, use_cache=True, unembedding=None):
