@@ -97,6 +97,22 @@ def test_greedy_continuations_join_the_windows_and_a_resumed_run_reads_the_same_
         np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)
 
 
+def test_a_data_seed_draws_other_data_from_the_same_pool(tiny_setup, tmp_path):
+    models_dir, corpus_dir = tiny_setup
+    options = {"continued": 2, "pool": 6, "prompt_tokens": 4, "continued_tokens": 8}
+    heads = {}
+    for name, data_seed in (("default", None), ("same", 0), ("other", 1)):
+        heads[name], info = train(models_dir, corpus_dir, tmp_path / name, data_seed=data_seed, **options)
+        assert info["training"]["recipe"].get("data_seed") == data_seed
+    pools = [(tmp_path / name / "eagle" / "pool.npz").read_bytes() for name in heads]
+    assert pools[0] == pools[1] == pools[2]  # the pool is the seed's: a continued run reuses it
+    for name, array in flatten(heads["default"]).items():
+        np.testing.assert_array_equal(flatten(heads["same"])[name], array)
+    assert not np.allclose(flatten(heads["other"])["fc/w"], flatten(heads["default"])["fc/w"])
+    with pytest.raises(SystemExit, match="--data_seed must be a whole number"):
+        train(models_dir, corpus_dir, tmp_path / "bad", data_seed="one")
+
+
 def test_the_unrolled_steps_are_the_chain_s_draft_steps(tmp_path):
     """EAGLE-3's training-time test teaches the head what EagleDraft.propose computes: step d at slot s is the d-th
     draft step after the true pairs of slots 0..s-d+1, each step reading the previous one's predicted feature."""

@@ -39,7 +39,8 @@ into state_dir beside the run's state; evaluations then also score the head on g
 prompts (their prompt_tokens included).
 
 The run saves its whole state (head, optimiser, sampler, log) atomically to state_dir every save_minutes, and the
-same command run again resumes from it. At every evaluation it writes the head (drafters/heads.py) to
+same command run again resumes from it. The sampler starts from --seed, which also makes the pool; a run continuing a
+head (--init_from) passes a --data_seed of its own to draw other windows and pool rows than the run before it drew. At every evaluation it writes the head (drafters/heads.py) to
 out_dir/<name>, its head.json holding the recipe and the log, so a usable head exists however far it got.
 """
 
@@ -259,7 +260,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
          state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
          pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1, classification_weight=CLASSIFICATION_WEIGHT,
-         taps=()):
+         taps=(), data_seed=None):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
@@ -267,7 +268,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     continuations of the target (prompt_tokens training tokens, then continued_tokens it wrote), beside the
     batch_size windows. unroll (EAGLE's head only): the draft steps each window teaches, the head reading its own
     predicted features from the second on. classification_weight (EAGLE's head only): the token cross-entropy's
-    weight beside the feature regression."""
+    weight beside the feature regression. data_seed: the sampler's seed for windows and pool rows (default seed, which
+    also makes the pool): a run continuing a head gives a new one, or it replays the data the earlier run drew."""
     if drafter not in KINDS:
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
     if unroll != 1 and (drafter != "eagle" or not isinstance(unroll, int) or unroll < 1):
@@ -275,6 +277,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     if classification_weight != CLASSIFICATION_WEIGHT and (
             drafter != "eagle" or not isinstance(classification_weight, (int, float)) or classification_weight < 0):
         raise SystemExit("train_heads: --classification_weight must be a number >= 0, for eagle only")
+    if data_seed is not None and not isinstance(data_seed, int):
+        raise SystemExit("train_heads: --data_seed must be a whole number")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
     state_dir = Path(state_dir).expanduser() / drafter
     if not (corpus_dir / "train.txt").exists():
@@ -298,6 +302,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
               **({"init_from": str(init_from)} if init_from else {}), **({"unroll": unroll} if unroll > 1 else {}),
               **({"classification_weight": classification_weight}
                  if classification_weight != CLASSIFICATION_WEIGHT else {}), **({"taps": list(taps)} if taps else {}),
+              **({"data_seed": data_seed} if data_seed is not None else {}),
               **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
                   "continued_tokens": continued_tokens} if continued else {})}
     pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
@@ -310,7 +315,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
                                     np.random.default_rng(seed + 1))
     state = train_pair.load_state(state_dir, recipe)
     if state is None:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed if data_seed is None else data_seed)
         initial, earlier = load_head(init_from, drafter) if init_from else (kind.init(hparams, rng, target_params), {})
         initial = kind.start(initial) if drafter == "eagle" else initial
         head = jax.tree.map(jnp.asarray, initial)
