@@ -40,8 +40,9 @@ prompts (their prompt_tokens included).
 
 The run saves its whole state (head, optimiser, sampler, log) atomically to state_dir every save_minutes, and the
 same command run again resumes from it. The sampler starts from --seed, which also makes the pool; a run continuing a
-head (--init_from) passes a --data_seed of its own to draw other windows and pool rows than the run before it drew. At every evaluation it writes the head (drafters/heads.py) to
-out_dir/<name>, its head.json holding the recipe and the log, so a usable head exists however far it got.
+head (--init_from) passes a --data_seed of its own to draw other windows and pool rows than the run before it drew.
+At every evaluation it writes the head (drafters/heads.py) to out_dir/<name>, its head.json holding the recipe and the
+log, so a usable head exists however far it got.
 """
 
 import json
