@@ -412,12 +412,13 @@ EXERCISES = {1: check_tokens_per_loop, 2: check_speedup, 3: check_acceptance_rat
              14: check_implied_alpha, "block": check_block_toy}
 
 
-def check(number, answer):
-    """-> "correct", "unsolved" or "not yet: <hint>"; printed too, for the notebook."""
+def check(number, answer, exercises=EXERCISES):
+    """-> "correct", "unsolved" or "not yet: <hint>"; printed too, for the notebook. exercises: number -> its check
+    (notebook 11's are classroom/drafter_exercises.py's)."""
     try:
         if answer is None:
             raise NotImplementedError
-        EXERCISES[number](answer)
+        exercises[number](answer)
         verdict = "correct"
     except NotImplementedError:
         verdict = "unsolved"
