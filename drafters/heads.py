@@ -65,3 +65,24 @@ def load_head(folder, drafter=None):  # -> (params, info)
         raise ValueError(f"{folder} holds a {info.get('drafter')} head, not {drafter}")
     tensors = SafetensorsFile(folder / "head.safetensors")
     return unflatten({name: tensors.read(name) for name in tensors.shapes}), info
+
+
+def training_runs(info):  # head.json's description -> its training runs, the latest first
+    run = info.get("training")
+    while run:
+        yield run
+        run = run.get("continued_from")
+
+
+def training_budget(info):  # -> {"runs", "steps", "tokens", "hours"}: everything the head was trained on, summed
+    """A head continued from another (tools/train_heads.py --init_from) records the run before it in continued_from;
+    its budget is every run's. A step reads batch_size windows of seq_len tokens, plus `continued` of the target's
+    own continuations (prompt_tokens + continued_tokens each) where the run drew them."""
+    runs = list(training_runs(info))
+    tokens = 0
+    for run in runs:
+        recipe = run["recipe"]
+        continuations = recipe.get("continued", 0) * (recipe.get("prompt_tokens", 0) + recipe.get("continued_tokens", 0))
+        tokens += run["steps_done"] * (recipe["batch_size"] * recipe["seq_len"] + continuations)
+    return {"runs": len(runs), "steps": sum(run["steps_done"] for run in runs), "tokens": tokens,
+            "hours": sum(run["minutes"] for run in runs) / 60}

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from drafters.heads import flatten, load_head, save_head, unflatten
+from conftest import REPO
+from drafters.heads import flatten, load_head, save_head, training_budget, unflatten
 from drafters.eagle import init_head
 from helpers import TINY
 
@@ -100,3 +101,23 @@ def test_the_committed_heads_load_for_the_bundled_target_and_models_stays_within
             training = training.get("continued_from")
     size = sum(path.stat().st_size for path in (REPO / "models").rglob("*") if path.is_file())
     assert size <= 50 * 2**20
+
+
+def test_a_heads_training_budget_sums_every_run_it_was_continued_from():
+    def run(steps, minutes, earlier=None, **recipe):
+        return {"recipe": {"batch_size": 2, "seq_len": 8, **recipe}, "steps_done": steps, "minutes": minutes,
+                **({"continued_from": earlier} if earlier else {})}
+    first = run(10, 30.0)
+    second = run(5, 60.0, first, continued=3, prompt_tokens=2, continued_tokens=4)
+    assert training_budget({"training": second}) == {"runs": 2, "steps": 15, "tokens": 10 * 16 + 5 * (16 + 18),
+                                                     "hours": 1.5}
+    assert training_budget({}) == {"runs": 0, "steps": 0, "tokens": 0, "hours": 0}
+
+
+def test_the_committed_heads_budgets_are_what_the_model_card_says():
+    budgets = {name: training_budget(load_head(REPO / "models" / f"teach-{name}")[1])
+               for name in ("eagle", "medusa", "kangaroo")}
+    card = (REPO / "models" / "README.md").read_text()
+    for name, budget in budgets.items():
+        row = f"| {name} | {budget['runs']} | {budget['steps']:,} | {budget['tokens'] / 1e6:.1f} M | {budget['hours']:.1f} |"
+        assert row in card, row
