@@ -249,8 +249,39 @@ def test_where_drafts_come_from_notebook_keeps_the_tokens_and_reads_the_committe
     assert checks["drafters_that_pay_here"] == sorted({row["drafter"] for row in chain if row["speedup"]["low"] > 1})
     for key in ("bench_ranges_hold_their_medians", "bench_greedy_rows_keep_the_tokens",
                 "bench_tokens_per_call_at_least_one", "formula_reproduces_predictions", "verification_costs_positive",
-                "pays_above_break_even", "break_even_rises_with_c"):
+                "pays_above_break_even", "break_even_rises_with_c", "break_even_k1_is_c_plus_v_minus_1"):
         assert checks[key] is True, key
+    for category, drafter in checks["fastest_per_category"].items():  # the winner of each kind of text, not overall
+        in_category = [row for row in chain if row["category"] == category]
+        assert drafter == max(in_category, key=lambda row: row["speedup"]["median"])["drafter"]
+    assert set(checks["eagle_against_the_draft_model"].values()) <= {"level", "EAGLE's head ahead",
+                                                                      "the draft model ahead"}
+    budgets = checks["training_budget"]  # every run summed, as the model card's table
+    assert budgets["eagle"]["steps"] > budgets["medusa"]["steps"] and budgets["eagle"]["runs"] >= 1
+    assert checks["c_by_weights_seven_b"]["eagle"] < checks["c_by_weights"]["early-exit"] / 4
+    assert set(checks["exercises"]) == {"d1", "d2", "d3", "d4", "d4b", "d5", "d6"}
+
+
+@on_its_notebooks_worker("11_where_drafts_come_from.ipynb")
+def test_where_drafts_come_from_notebook_takes_away_only_what_it_printed():
+    """Every number in the closing take-away stands in an output of the notebook: the prose cannot drift from the
+    cells it sums up."""
+    notebook = executed("11_where_drafts_come_from.ipynb")
+    take_away = next(cell.source for cell in notebook.cells if cell.source.startswith("## What to take away"))
+    printed = "\n".join(output.get("text", "") for output in outputs(notebook))
+    body = re.sub(r"^\d+\. ", "", take_away.split("\n", 1)[1], flags=re.MULTILINE)  # the list's own numbering
+    numbers = set(re.findall(r"\d+\.\d+", body))
+    assert numbers and all(number in printed for number in numbers), numbers - {n for n in numbers if n in printed}
+
+
+def test_the_second_session_is_planned_with_notebook_11_its_exercises_and_a_quiz():
+    teacher = (REPO / "notebooks" / "TEACHER.md").read_text()
+    session = teacher[teacher.index("## The second session"):]
+    plan = [line for line in session.splitlines() if re.match(r"\| \d+-\d+ \| 11 \|", line)]
+    assert plan and plan[-1].startswith("| 82-90")
+    quiz = session[session.index("**The quiz"):]
+    assert len(re.findall(r"^\d+\. .*\*", quiz, flags=re.MULTILINE)) >= 8  # each question with its key in italics
+    assert "45-minute cut" in session and "Homework" in session
 
 
 @pytest.mark.parametrize("name", QUICK_NOTEBOOKS)
