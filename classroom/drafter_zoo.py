@@ -106,7 +106,8 @@ BUGS = [
             """),)), EagleDraft, "eagle"),
     DrafterBug(Variant(
         "one_shared_medusa_block", "every Medusa head reading head 1's block",
-        "FasterDecoding/Medusa PR #133 (linkedin/Liger-Kernel PR #269: one ResBlock object shared by every head)",
+        "a kin of FasterDecoding/Medusa PR #133 and linkedin/Liger-Kernel PR #269 (there one ResBlock object was shared "
+        "by the layers of each head; here one head's block is read by every head)",
         "there the shared block made every head one head in training; here the heads were trained apart and are "
         "read as one: head k should predict the token k + 1 after its feature, and with head 1's arrays it "
         "predicts the next token again, so the drafts after the first guess the wrong position",

@@ -25,7 +25,8 @@ from the target's true features: the drafted pairs are never kept.
 Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned,
 made by sampling.logits_to_probs with the run's settings. How the head is wired, trained or initialised changes
 acceptance only (tests/test_drafters_eagle.py plants an off-by-one pairing, f_i beside x_i, and the oracle still
-passes it). This head is untrained (init_head: random).
+passes it). init_head gives a random head (the tests use one); the committed head is trained by tools/train_heads.py
+(models/README.md).
 
 Cost, honestly: EAGLE reuses the features the verification call computes anyway, and so does this drafter. The target
 (gpt2.GPT2Model) keeps the state after ln_f of every cache slot it feeds, beside its keys and values; after a

@@ -9,8 +9,9 @@ Head k (k = 1..n_heads) reads the same f_t and predicts token t+k+1, through one
 
 Medusa-1 gives each head an LM head of its own, initialised as a copy of the target's; here every head reads out
 through the target's frozen unembedding, shared, because at n_vocab 4096 a copy per head would cost more memory
-than the heads' blocks and the target's readout is what a copy starts from anyway. The heads are separate objects,
-each with its own arrays (Medusa PR #133: one block object had been shared by every head).
+than the heads' blocks and the target's readout is what a copy starts from anyway. Each head has arrays of its own,
+shared with no other head and no other layer (FasterDecoding/Medusa PR #133 and linkedin/Liger-Kernel PR #269 fixed
+one ResBlock object shared by the layers of each head, a list built by repeating one reference).
 
 Indexing: with x of n tokens, the target's feature at position n-2 is the one that produced x's last token
 (Medusa's root: the target's own next token), so head k at f_{n-2} drafts x_{n-1+k}: head 1 drafts x_n, head 2
@@ -24,9 +25,10 @@ along it of the probability that head k's rank-th token is right. Chosen tokens 
 exact whatever ranked them. Medusa's typical acceptance (lossy) is not used here: classroom/verifier_zoo.py
 exhibits it, and its typical_total_variation measures how far it moves the output from the target.
 
-Cost: the heads read one feature, so a proposal is one [n_embd] block and one readout per head. The feature is
-recomputed here by a separate forward of the target (drafters/features.true_features), not yet taken from the
-verification call that computed it anyway.
+Cost: the heads read one feature, so a proposal is one [n_embd] block and one readout per head. The feature is the
+one the verification call computed anyway: the target keeps it beside its KV cache (drafters/features.true_features
+reads it), so a proposal runs no forward of the target, except the first after a prompt, which feeds the prompt
+through the target's cache once (the first verification then resumes after it).
 """
 
 import heapq

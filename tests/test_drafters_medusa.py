@@ -60,7 +60,7 @@ def test_init_heads_are_medusas_resblocks_each_with_its_own_arrays():
     assert all(head["w"].dtype == head["b"].dtype == np.float32 and not head["w"].any() for head in heads)
     assert all(np.abs(head["b"]).max() <= 1 / np.sqrt(8) for head in heads)  # nn.Linear's default bias
     arrays = [array for head in heads for array in head.values()]
-    assert len({id(array) for array in arrays}) == len(arrays)  # no array shared by two heads (Medusa PR #133)
+    assert len({id(array) for array in arrays}) == len(arrays)  # no array shared by two heads
 
 
 def test_changing_one_heads_arrays_leaves_the_others_logits_unchanged():
