@@ -210,6 +210,16 @@ class AutoK:
         return sampling.draw_drafts(self.draft, x, K_n, settings, rng, stats)
 
 
+def break_even_words(costs, alpha, K):
+    """The break-even alpha at K in words. A loop measured cheaper than one decode step (K c + v(K + 1) < 1, so that
+    alpha 0 would pay) is timing noise around one step, not a free verification: said as such, never as "from 0"."""
+    loop = K * costs.cost_ratio + costs.v(K + 1)
+    if loop >= 1:
+        return f"{alpha:.2f} (at K = {K})"
+    return (f"{alpha:.2f} at K = {K} only because a loop measured {loop:.2f} decode steps, less than one: timing noise "
+            "around one step, so read the bar as about K c")
+
+
 def describe(costs, K=None):
     """Sentences for a report: the costs, and whether and from which alpha speculation can pay here."""
     lines = [f"a target decode step {1e3 * costs.decode_step_seconds:.2f} ms, a draft step "
@@ -221,8 +231,8 @@ def describe(costs, K=None):
         lines.append("on this machine no K can pay at any alpha: even a draft that is always accepted yields K + 1 "
                      "tokens for K c + v(K + 1) steps, which is more here (so --K auto decodes autoregressively)")
     else:
-        lines.append(f"speculation pays here only when alpha exceeds {alpha:.2f} (at K = {best}); below that, every "
-                     "loop costs more than the tokens it yields")
+        lines.append(f"speculation pays here only when alpha exceeds {break_even_words(costs, alpha, best)}; below "
+                     "that, every loop costs more than the tokens it yields")
     if K is not None and 1 <= K <= costs.K_max and costs.break_even_alpha(K) is not None:
         lines[-1] += f"; at K = {K} from alpha {costs.break_even_alpha(K):.2f}"
     return lines

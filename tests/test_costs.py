@@ -59,6 +59,15 @@ def test_break_even_alpha_is_where_the_speedup_crosses_one():
     assert "pays here only when alpha exceeds" in " ".join(costs.describe(measured, K=4))
 
 
+def test_a_loop_measured_below_one_step_is_called_noise_not_a_free_verification():
+    noisy = costs.MeasuredCosts(0.01, 0.0001, (1.0, 0.93, 1.3))  # v(2) came out below one decode step
+    alpha, K = noisy.lowest_break_even()
+    assert alpha < 1e-6 and K == 1  # the formula would pay from alpha 0
+    words = " ".join(costs.describe(noisy))
+    assert "timing noise" in words and "0.94 decode steps" in words
+    assert "timing noise" not in " ".join(costs.describe(costs.MeasuredCosts(0.01, 0.003, (1.0, 1.2, 1.4))))
+
+
 def test_accepted_lengths_read_the_loops_from_the_origins():
     origins = ["accepted", "accepted", "corrected", "bonus", "target", "accepted", "bonus", "corrected"]
     assert costs.accepted_lengths(origins) == [2, 0, 1, 0]  # the plain step is no loop of speculation
