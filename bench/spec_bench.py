@@ -211,7 +211,7 @@ def calibrate(drafters, prompts, target, N, temperature):  # -> {drafter name: i
             for drafter in drafters}
 
 
-def calibration(drafter, runs, reference_seconds, decode_seconds):  # -> {"choice", "by_choice"}
+def calibration(drafter, runs, reference_seconds, decode_seconds):  # -> {"kept": an entry of by_choice, "by_choice"}
     """Each choice's own runs: its measured speedup (autoregressive seconds over its seconds, pooled over the prompts)
     and the formula at its loops, c and verification; the choice of the highest measured speedup is kept."""
     by_choice = []
@@ -222,8 +222,7 @@ def calibration(drafter, runs, reference_seconds, decode_seconds):  # -> {"choic
                           "tokens_per_call": total(choice_runs, "generated") / total(choice_runs, "target_calls"),
                           "speedup": reference_seconds / sum(seconds for _, seconds, _, _ in choice_runs),
                           "predicted_speedup": predict(loops_of(choice_runs), c, steps, verify)})
-    best = max(by_choice, key=lambda entry: entry["speedup"])
-    return {"choice": (best["K"], best["n_nodes"]), "by_choice": by_choice}
+    return {"kept": max(by_choice, key=lambda entry: entry["speedup"]), "by_choice": by_choice}
 
 
 def measure(drafters, choices, prompts, target, args, temperature):  # -> runs, autoregressive runs, speedups, same
@@ -247,11 +246,10 @@ def measure(drafters, choices, prompts, target, args, temperature):  # -> runs, 
 def row(drafter, category, temperature, calibrated, runs, speedups, same, decode_seconds, measured, rounds):
     """A drafter's row: what its measured runs did, and the formula at their loops, c and verification cost (that of
     these runs, in their autoregressive decode steps, as bench/pair.py; and this machine's v measured apart)."""
-    loops, choice = loops_of(runs), calibrated["choice"]
+    loops, kept = loops_of(runs), calibrated["kept"]
     c, steps, verify = formula_terms(runs, decode_seconds)
-    kept = next(entry for entry in calibrated["by_choice"] if (entry["K"], entry["n_nodes"]) == choice)
     return {"drafter": drafter.name, "category": category, "temperature": int(temperature) if temperature.is_integer()
-            else temperature, "K": choice[0], "n_nodes": choice[1], "c": c, "split": "test",
+            else temperature, "K": kept["K"], "n_nodes": kept["n_nodes"], "c": c, "split": "test",
             "prompts": len(runs) // rounds, "rounds": rounds,
             "alpha": alpha(runs), "alpha_per_depth": alpha_per_depth(loops),
             "acceptance_by_depth": acceptance_by_depth(loops), "accepted_length_counts": accepted_length_counts(loops),
@@ -268,7 +266,7 @@ def row(drafter, category, temperature, calibrated, runs, speedups, same, decode
 def bench_category(drafters, category, prompts, target, args, temperature, measured):  # -> rows
     """Calibrated on the category's development prompts, timed on its test prompts."""
     calibrated = calibrate(drafters, prompts["dev"], target, args.new_tokens, temperature)
-    choices = {name: entry["choice"] for name, entry in calibrated.items()}
+    choices = {name: (entry["kept"]["K"], entry["kept"]["n_nodes"]) for name, entry in calibrated.items()}
     runs, reference_runs, speedups, same = measure(drafters, choices, prompts["test"], target, args, temperature)
     rows = []
     for drafter in drafters:
@@ -306,10 +304,9 @@ def chosen_prompts(files, args, n_ctx, vocabulary):  # -> {(split, use): {catego
     """The prompts each use reads, spread over each committed file's, and what the JSON records of them: the files'
     sha256 and cut, and the ids read. A file cut with another vocabulary, or a prompt with no room for new_tokens
     within n_ctx, is refused."""
-    uses = {("dev", "calibration"): args.prompts, ("test", "timed"): args.prompts,
-            (args.at_K4_split, "at_K4"): args.k4_prompts}
-    if args.at_K4_only:
-        uses = {(args.at_K4_split, "at_K4"): args.k4_prompts}
+    uses = {} if args.at_K4_only else {("dev", "calibration"): args.prompts, ("test", "timed"): args.prompts}
+    if args.at_K4_only or 0.0 in args.temperatures:
+        uses[args.at_K4_split, "at_K4"] = args.k4_prompts
     prompts, record = {}, {}
     for (split, use), n in uses.items():
         content = files[split]

@@ -41,7 +41,9 @@ def split_of(name):  # -> "dev" or "test": the one rule that puts a held-out doc
 
 def named_documents(heldout_path, manifest_path):  # -> [(name, text)] in the held-out text's order
     texts = Path(heldout_path).read_text(encoding="utf-8").split(EOT)
-    names = json.loads(Path(manifest_path).read_text(encoding="utf-8"))["documents"]["heldout"]
+    names = json.loads(Path(manifest_path).read_text(encoding="utf-8")).get("documents", {}).get("heldout")
+    if names is None:
+        raise ValueError(f"{manifest_path} names no held-out documents: tools/build_corpus.py writes the manifest")
     if len(names) != len(texts):
         raise ValueError(f"{manifest_path} names {len(names)} held-out documents, {heldout_path} holds {len(texts)}")
     return list(zip(names, texts))
@@ -140,7 +142,7 @@ def main(argv=None):
         source = {"path": args.heldout, "sha256": sha256_of(args.heldout), "documents": len(documents)}
         command = shlex.join(["python", "bench/spec_splits.py", *(sys.argv[1:] if argv is None else argv)])
         files = split_files(get_encoder_from_dir(model_dir), documents, settings, command, source)
-    except (ValueError, OSError, KeyError) as error:
+    except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
