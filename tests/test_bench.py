@@ -522,6 +522,10 @@ def windows_of(content):  # -> {(document, start or function): tokens} of every 
             for category, prompts in content["categories"].items() for prompt in prompts}
 
 
+def runs_of(content, n=32):  # -> every n tokens in a row of a split's prompts
+    return {tuple(tokens[i:i + n]) for tokens in windows_of(content).values() for i in range(len(tokens) - n + 1)}
+
+
 def assert_disjoint_splits(files):
     """No document in both splits, every prompt from its own split's documents, and no prompt in both."""
     from bench import spec_splits
@@ -543,6 +547,10 @@ def test_committed_prompt_splits_are_disjoint_and_follow_the_rule():
 
     files, recorded = committed_prompts(), json.loads((REPO / "models" / "corpus_manifest.json").read_text())
     assert_disjoint_splits(files)
+    # nor 32 tokens in a row in both (shorter runs are shared: a licence line, a common docstring)
+    assert not runs_of(files["dev"]) & runs_of(files["test"])
+    counts = f"{len(files['dev']['documents'])} documents dev, {len(files['test']['documents'])} test"
+    assert counts in " ".join((REPO / "bench" / "README.md").read_text().split())  # what bench/README.md says
     vocabulary = hashlib.sha256((REPO / "models" / "teach-target" / "encoder.json").read_bytes()).hexdigest()
     for split, content in files.items():
         assert content["heldout"]["sha256"] == recorded["outputs"]["heldout.txt"]["sha256"]
