@@ -300,12 +300,16 @@ def k4_row(drafter, choice, category, runs, split):
             total(runs, "target_calls"), "mean_accepted_tokens": mean_accepted_tokens(runs)}
 
 
+def runs_at_K4(args):  # at_K4 is greedy: it runs where temperature 0 does, or alone
+    return args.at_K4_only or 0.0 in args.temperatures
+
+
 def chosen_prompts(files, args, n_ctx, vocabulary):  # -> {(split, use): {category: [prompt]}}, their record
     """The prompts each use reads, spread over each committed file's, and what the JSON records of them: the files'
     sha256 and cut, and the ids read. A file cut with another vocabulary, or a prompt with no room for new_tokens
     within n_ctx, is refused."""
     uses = {} if args.at_K4_only else {("dev", "calibration"): args.prompts, ("test", "timed"): args.prompts}
-    if args.at_K4_only or 0.0 in args.temperatures:
+    if runs_at_K4(args):
         uses[args.at_K4_split, "at_K4"] = args.k4_prompts
     prompts, record = {}, {}
     for (split, use), n in uses.items():
@@ -334,7 +338,8 @@ def main(argv=None):
         vocabulary = spec_splits.sha256_of(Path(args.models_dir) / args.target / "encoder.json")
         prompts, prompt_record = chosen_prompts(files, args, hparams["n_ctx"], vocabulary)
     except ValueError as error:
-        raise SystemExit(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2)
     for split in prompt_record:
         prompt_record[split]["sha256"] = spec_splits.sha256_of(Path(args.prompts_dir) / f"{split}.json")
     target = engine.fast_model(params, hparams)
@@ -357,7 +362,7 @@ def main(argv=None):
             for category in args.categories:
                 by_split = {"dev": prompts["dev", "calibration"][category], "test": prompts["test", "timed"][category]}
                 result["rows"] += bench_category(drafters, category, by_split, target, args, temperature, measured)
-    if args.at_K4_only or 0.0 in args.temperatures:
+    if runs_at_K4(args):
         result["at_K4"] = at_K4(drafters, prompts[args.at_K4_split, "at_K4"], target, args.new_tokens,
                                 args.at_K4_split)
     result["wall_seconds"] = time.perf_counter() - started

@@ -459,7 +459,7 @@ def test_drafters_bench_refuses_prompt_files_it_cannot_use(damage, tmp_path):
             (tmp_path / f"{split}.json").write_text(json.dumps(content))
     command = [sys.executable, "bench/spec_bench.py", "--quick", "--prompts_dir", str(tmp_path)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert completed.returncode != 0 and completed.stdout == "" and "Traceback" not in completed.stderr
+    assert completed.returncode == 2 and completed.stdout == "" and "Traceback" not in completed.stderr
     assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
     assert {"vocabulary": "another vocabulary", "missing": "python bench/spec_splits.py",
             "swapped": "not 'dev'"}[damage] in completed.stderr
