@@ -43,14 +43,19 @@ def target_and_prompts(args):  # -> (the target in engine.fast_model's layout, h
     return engine.fast_model(params, hparams), prompts
 
 
-# Prompts of three kinds for bench/spec_bench.py, all cut from the held-out text (never from what the pair trained on)
+# Prompts of three kinds for bench/spec_bench.py (bench/spec_splits.py cuts them), all from the held-out text (never
+# from what the pair trained on)
 
 def open_prompts(tokens, n, prompt_tokens):
     """n windows of prompt_tokens tokens spread evenly over the held-out tokens (bench/pair.py's): text to continue."""
-    stride = (len(tokens) - prompt_tokens - 1) // n
+    return [tokens[start:start + prompt_tokens] for start in open_starts(len(tokens), n, prompt_tokens)]
+
+
+def open_starts(n_tokens, n, prompt_tokens):  # -> where open_prompts' n windows start
+    stride = (n_tokens - prompt_tokens - 1) // n
     if stride < 1:
         raise ValueError(f"the held-out text is too short for {n} prompts of {prompt_tokens} tokens")
-    return [tokens[i * stride:i * stride + prompt_tokens] for i in range(n)]
+    return [i * stride for i in range(n)]
 
 
 def held_out_functions(text, min_lines=6, max_lines=40):
@@ -91,7 +96,7 @@ def repetition(tokens, n=4):
     return repeated / max(len(tokens) - n + 1, 1)
 
 
-def structured_prompts(tokens, n, prompt_tokens, new_tokens):  # -> n prompts, the chosen spans' repetition
+def structured_starts(tokens, n, prompt_tokens, new_tokens):  # -> where the n prompts start, the spans' repetition
     """Structured, repetitive held-out text: the held-out tokens cut into n equal shares, and in each the window whose
     span (the prompt and the new_tokens the held-out text goes on with) repeats its own 4-grams the most (windows
     start every prompt_tokens // 2 tokens). What wins: reST listings of near-identical directives (`.. c:function::`
@@ -101,25 +106,32 @@ def structured_prompts(tokens, n, prompt_tokens, new_tokens):  # -> n prompts, t
     share = len(tokens) // n
     if share < span:
         raise ValueError(f"the held-out text is too short for {n} structured prompts of {span} tokens")
-    prompts, scores = [], []
+    starts, scores = [], []
     for first in range(0, n * share, share):
-        starts = range(first, first + share - span + 1, step)
-        best = max(starts, key=lambda start: repetition(tokens[start:start + span].tolist()))
-        prompts.append(tokens[best:best + prompt_tokens])
+        candidates = range(first, first + share - span + 1, step)
+        best = max(candidates, key=lambda start: repetition(tokens[start:start + span].tolist()))
+        starts.append(best)
         scores.append(repetition(tokens[best:best + span].tolist()))
-    return prompts, scores
+    return starts, scores
 
 
-def copy_prompts(encoder, text, n, max_function_tokens, restart_lines=2):
-    """n held-out functions spread over those of at most max_function_tokens tokens, each given whole, then a blank
-    line and its first restart_lines lines again (bench/lookup.py's prompt): the continuation is a copy."""
+def copy_prompts(encoder, functions, n, max_function_tokens, restart_lines=2):  # -> [(index in functions, prompt)]
+    """n of these functions (sources, held_out_functions') spread over those of at most max_function_tokens tokens,
+    each given whole, then a blank line and its first restart_lines lines again (bench/lookup.py's prompt): the
+    continuation is a copy."""
     from bench.lookup import repeat_prompt  # bench/lookup.py's cut, at the vocabulary's own token boundary
 
-    functions = [source for source in held_out_functions(text) if len(encoder.encode(source)) <= max_function_tokens]
-    if not functions:
+    fitting = [i for i, source in enumerate(functions) if len(encoder.encode(source)) <= max_function_tokens]
+    if not fitting:
         raise ValueError(f"the held-out text holds no function of 6 to 40 lines within {max_function_tokens} tokens")
-    chosen = [functions[i * len(functions) // n] for i in range(min(n, len(functions)))]
-    return [np.asarray(repeat_prompt(encoder, source, restart_lines)[0], dtype=np.int64) for source in chosen]
+    return [(i, np.asarray(repeat_prompt(encoder, functions[i], restart_lines)[0], dtype=np.int64))
+            for i in spread(fitting, n)]
+
+
+def spread(items, n):  # -> n of the items (all of them where there are fewer), evenly spaced from the first
+    return [items[i * len(items) // n] for i in range(n)] if n < len(items) else list(items)
+
+
 def add_greedy_run_arguments(parser):  # the flags of greedy_prompts and greedy_acceptance
     parser.add_argument("--K", type=int, default=4)
     parser.add_argument("--n_prompts", type=int, default=4)

@@ -5,6 +5,7 @@ pair and the held-out sample, bench/gpu.py and bench/batch.py --backend jax in t
 and bench/train_step.py for two one-window steps of the bundled pair.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -373,19 +374,26 @@ def test_features_bench_times_the_kept_features_beside_the_logits_alone(backend)
 
 
 ROW_KEYS = {"drafter", "category", "temperature", "K", "n_nodes", "c", "alpha", "alpha_per_depth", "tokens_per_call",
-            "speedup", "predicted_speedup", "same_tokens_as_autoregressive"}
+            "speedup", "predicted_speedup", "same_tokens_as_autoregressive", "split", "prompts", "rounds",
+            "acceptance_by_depth", "accepted_length_counts", "mean_accepted_tokens", "calibration",
+            "calibrated_speedup", "calibrated_prediction"}
 
 
-def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_path):
-    for name in ("teach-target", "teach-draft"):  # a models folder without the heads: theirs are skipped, with why
+def run_spec_bench(tmp_path, *flags):  # -> the JSON object of a --quick run (the heads left out: skipped, with why)
+    for name in ("teach-target", "teach-draft"):
         (tmp_path / name).symlink_to(REPO / "models" / name)
-    command = [sys.executable, "bench/spec_bench.py", "--quick", "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--models_dir", str(tmp_path), "--drafters", "draft,prompt-lookup,medusa-chain", "--temperatures", "0",
-               "--k4_prompts", "2", "--out", str(tmp_path / "drafters.json")]
+    command = [sys.executable, "bench/spec_bench.py", "--quick", "--models_dir", str(tmp_path), *flags,
+               "--out", str(tmp_path / "drafters.json")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert json.loads((tmp_path / "drafters.json").read_text()) == result
+    return result
+
+
+def test_drafters_bench_chooses_on_the_development_split_and_times_on_the_test_split(tmp_path):
+    result = run_spec_bench(tmp_path, "--drafters", "draft,prompt-lookup,medusa-chain", "--temperatures", "0",
+                            "--k4_prompts", "2")
     assert {"machine", "command", "settings", "target_decode_ms", "rows", "skipped"} <= set(result)
     assert result["machine"].startswith("machine: ") and "bench/spec_bench.py --quick" in result["command"]
     assert [(row["drafter"], row["category"]) for row in result["rows"]] == [
@@ -393,14 +401,68 @@ def test_drafters_bench_smoke_run_keeps_the_schema_and_the_greedy_tokens(tmp_pat
     for row in result["rows"]:
         assert ROW_KEYS <= set(row) and row["temperature"] == 0 and row["n_nodes"] is None
         assert row["same_tokens_as_autoregressive"] is True  # greedy: every run's tokens are autoregressive decoding's
-        assert 1 <= row["K"] <= 3 and row["c"] >= 0 and row["tokens_per_call"] >= 1
-        assert row["speedup"]["low"] <= row["speedup"]["median"] <= row["speedup"]["high"]
-        assert row["predicted_speedup"] > 0 and all(0 <= alpha <= 1 for alpha in row["alpha_per_depth"])
+        assert row["split"] == "test" and row["prompts"] * row["rounds"] == row["runs"] == 1  # --quick: 1 x 1
+        speedup = row["speedup"]
+        assert speedup["low"] <= speedup["median"] <= speedup["high"] and speedup["std"] == 0
+        assert row["c"] >= 0 and row["predicted_speedup"] > 0 and all(0 <= a <= 1 for a in row["alpha_per_depth"])
+        # each K calibrated with runs of its own; the K kept is the one of the highest speedup on the dev prompts
+        assert [(entry["K"], entry["n_nodes"]) for entry in row["calibration"]] == [(1, None), (2, None), (3, None)]
+        kept = max(row["calibration"], key=lambda entry: entry["speedup"])
+        assert (row["K"], row["calibrated_speedup"]) == (kept["K"], kept["speedup"])
+        assert row["calibrated_prediction"] == kept["predicted_speedup"] > 0
+        # alpha per depth is its histogram's ratio; the two conventions of accepted tokens per call
+        histogram = row["acceptance_by_depth"]
+        assert [entry["depth"] for entry in histogram] == list(range(1, len(histogram) + 1))
+        assert row["alpha_per_depth"] == [entry["accepted"] / entry["judged"] for entry in histogram]
+        accepted = row["mean_accepted_tokens"]
+        assert accepted["spec_bench"] == row["tokens_per_call"] >= 1
+        assert accepted["specforge_simulated"] == pytest.approx(
+            sum(np.prod(row["alpha_per_depth"][:d]) for d in range(1, len(histogram) + 1)))
+        counts = row["accepted_length_counts"]  # loops by drafts accepted, those that drafted none too
+        assert sum(n * count for n, count in enumerate(counts)) == sum(entry["accepted"] for entry in histogram)
+        assert sum(counts) >= (histogram[0]["judged"] if histogram else 1)
     (skipped,) = result["skipped"]
     assert skipped["drafter"] == "medusa-chain" and "head.json" in skipped["why"]
-    assert {row["drafter"] for row in result["at_K4"]} == {"draft"}
-    # at_K4 reads its own prompts, 2 per category here where the timed rows read 1
+    files = result["settings"]["prompt_files"]
+    for split in ("dev", "test"):
+        committed = (REPO / "bench" / "prompts" / f"{split}.json").read_bytes()
+        assert files[split]["sha256"] == hashlib.sha256(committed).hexdigest()
+        assert files[split]["command"] == "python bench/spec_splits.py"
+    assert set(files["dev"]) >= {"calibration"} and "timed" not in files["dev"] and "at_K4" not in files["dev"]
+    assert files["dev"]["calibration"] == files["test"]["timed"] == {
+        category: [f"{category}-00"] for category in ("open", "copy", "structured")}
+    # at_K4 reads the test split, 2 prompts per category here where the timed rows read 1
+    assert {row["drafter"] for row in result["at_K4"]} == {"draft"} and {row["split"] for row in result["at_K4"]} == {
+        "test"}
     assert [row["prompts"] for row in result["at_K4"]] == [2, 2, 2, 6]
+    assert files["test"]["at_K4"] == {category: [f"{category}-00", f"{category}-32"]
+                                      for category in ("open", "copy", "structured")}  # spread over the 64
+
+
+def test_drafters_bench_judges_a_recipe_on_the_development_split_alone(tmp_path):
+    result = run_spec_bench(tmp_path, "--drafters", "draft", "--categories", "open", "--at_K4_only",
+                            "--at_K4_split", "dev")
+    assert result["rows"] == [] and list(result["settings"]["prompt_files"]) == ["dev"]
+    assert [(row["category"], row["split"], row["prompts"]) for row in result["at_K4"]] == [("open", "dev", 1),
+                                                                                            ("all", "dev", 1)]
+    assert result["settings"]["prompt_files"]["dev"]["at_K4"] == {"open": ["open-00"]}
+
+
+@pytest.mark.parametrize("damage", ["vocabulary", "missing", "swapped"])
+def test_drafters_bench_refuses_prompt_files_it_cannot_use(damage, tmp_path):
+    for split in ("dev", "test"):
+        content = json.loads((REPO / "bench" / "prompts" / f"{split}.json").read_text())
+        content["settings"]["vocabulary_sha256"] = "0" * 64 if damage == "vocabulary" else \
+            content["settings"]["vocabulary_sha256"]
+        content["split"] = {"dev": "test", "test": "dev"}[split] if damage == "swapped" else split
+        if not (damage == "missing" and split == "test"):
+            (tmp_path / f"{split}.json").write_text(json.dumps(content))
+    command = [sys.executable, "bench/spec_bench.py", "--quick", "--prompts_dir", str(tmp_path)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert completed.returncode == 2 and completed.stdout == "" and "Traceback" not in completed.stderr
+    assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
+    assert {"vocabulary": "another vocabulary", "missing": "python bench/spec_splits.py",
+            "swapped": "not 'dev'"}[damage] in completed.stderr
 
 
 def test_drafters_bench_replays_what_each_loop_accepted():
@@ -410,7 +472,7 @@ def test_drafters_bench_replays_what_each_loop_accepted():
     from drafters.eagle2 import EagleTree
     from speedup.drafts import PromptLookup
 
-    bench = load_bench("spec_bench")
+    bench, stats = load_bench("spec_bench"), load_bench("spec_stats")
     params = gpt2.init_params(TINY, np.random.default_rng(0))
     target = gpt2.GPT2Model(params, TINY)
     prompt = np.array([5, 17, 3, 9, 5, 17, 3, 9, 5, 17], dtype=np.int64)
@@ -418,12 +480,21 @@ def test_drafters_bench_replays_what_each_loop_accepted():
                 bench.Drafter("eagle-tree", EagleTree(target, init_head(TINY, np.random.default_rng(1)), 4), [(3, 4)])]
     for drafter in drafters:
         for temperature in (0.0, 1.0):
-            out, seconds, stats, loops = bench.run(target, drafter, drafter.choices[0], prompt, 20, temperature, 0)
-            assert len(loops) == stats.loops and sum(accepted for accepted, _, _ in loops) == stats.accepted
-            assert sum(1 + accepted for accepted, _, _ in loops) == stats.generated == 20 and seconds > 0
+            out, seconds, run_stats, loops = bench.run(target, drafter, drafter.choices[0], prompt, 20, temperature, 0)
+            assert len(loops) == run_stats.loops and sum(accepted for accepted, _, _ in loops) == run_stats.accepted
+            assert sum(1 + accepted for accepted, _, _ in loops) == run_stats.generated == 20 and seconds > 0
             assert all(accepted <= judged <= accepted + 1 for accepted, judged, _ in loops)
-    assert bench.alpha_per_depth([(2, 3, 4), (0, 1, 4), (4, 4, 4)]) == [2 / 3, 1, 1 / 2, 1]
-    assert bench.cut([(4, 4, 8), (1, 2, 8)], 2) == [(2, 2, 2), (1, 2, 2)]
+            counts = stats.accepted_length_counts(loops)
+            assert sum(counts) == len(loops) and sum(n * count for n, count in enumerate(counts)) == run_stats.accepted
+    loops = [(2, 3, 4), (0, 1, 4), (4, 4, 4)]
+    assert stats.acceptance_by_depth(loops) == [{"depth": 1, "judged": 3, "accepted": 2},
+                                                {"depth": 2, "judged": 2, "accepted": 2},
+                                                {"depth": 3, "judged": 2, "accepted": 1},
+                                                {"depth": 4, "judged": 1, "accepted": 1}]
+    assert stats.alpha_per_depth(loops) == [2 / 3, 1, 1 / 2, 1] and stats.accepted_length_counts(loops) == [1, 0, 1, 0, 1]
+    # SpecForge's simulated length, a1 + a1 a2 + ...: a chain's mean accepted drafts, here (2 + 0 + 4) / 3
+    assert stats.specforge_acceptance_length([2 / 3, 1, 1 / 2, 1]) == pytest.approx(2)
+    assert stats.summary([1.0, 3.0, 2.0]) == {"median": 2.0, "low": 1.0, "high": 3.0, "mean": 2.0, "std": 1.0}
 
 
 def test_held_out_prompts_of_each_kind():
@@ -434,10 +505,107 @@ def test_held_out_prompts_of_each_kind():
     assert heldout.repetition([1, 2, 3, 4, 5, 6]) == 0
     assert heldout.repetition([1, 2, 3, 4] * 3) == 5 / 9  # 9 4-grams, the last 5 seen before
     tokens = np.array(list(range(100, 160)) + [1, 2, 3, 4] * 10 + list(range(200, 260)))
-    prompts, scores = heldout.structured_prompts(tokens, 1, 8, 8)
-    assert scores == [9 / 13] and set(prompts[0].tolist()) <= {1, 2, 3, 4}  # a 16-token span inside the repeats
-    windows = heldout.open_prompts(tokens, 4, 8)  # every (160 - 8 - 1) // 4 = 37 tokens, as bench/pair.py's
+    starts, scores = heldout.structured_starts(tokens, 1, 8, 8)
+    assert scores == [9 / 13] and set(tokens[starts[0]:starts[0] + 16].tolist()) <= {1, 2, 3, 4}  # inside the repeats
+    assert heldout.open_starts(len(tokens), 4, 8) == [0, 37, 74, 111]  # every (160 - 8 - 1) // 4 tokens, as pair.py's
+    windows = heldout.open_prompts(tokens, 4, 8)
     assert [window.tolist() for window in windows] == [tokens[start:start + 8].tolist() for start in (0, 37, 74, 111)]
+    assert heldout.spread(list(range(10)), 4) == [0, 2, 5, 7] and heldout.spread([1, 2], 5) == [1, 2]
+
+
+def committed_prompts():
+    return {split: json.loads((REPO / "bench" / "prompts" / f"{split}.json").read_text()) for split in ("dev", "test")}
+
+
+def windows_of(content):  # -> {(document, start or function): tokens} of every prompt in a split's file
+    return {(tuple(prompt["documents"]), category, prompt.get("start", prompt.get("function"))): tuple(prompt["tokens"])
+            for category, prompts in content["categories"].items() for prompt in prompts}
+
+
+def runs_of(content, n=32):  # -> every n tokens in a row of a split's prompts
+    return {tuple(tokens[i:i + n]) for tokens in windows_of(content).values() for i in range(len(tokens) - n + 1)}
+
+
+def assert_disjoint_splits(files):
+    """No document in both splits, every prompt from its own split's documents, and no prompt in both."""
+    from bench import spec_splits
+
+    dev, test = files["dev"], files["test"]
+    assert dev["documents"] and test["documents"] and not set(dev["documents"]) & set(test["documents"])
+    for split, content in files.items():
+        assert all(spec_splits.split_of(name) == split for name in content["documents"])
+        for prompts in content["categories"].values():
+            assert len({prompt["id"] for prompt in prompts}) == len(prompts)
+            assert all(set(prompt["documents"]) <= set(content["documents"]) for prompt in prompts)
+    assert not set(windows_of(dev).values()) & set(windows_of(test).values())
+
+
+def test_committed_prompt_splits_are_disjoint_and_follow_the_rule():
+    """bench/prompts/{dev,test}.json: cut from the held-out build models/corpus_manifest.json records, each of its
+    documents in the split the rule names, by the vocabulary of the bundled target."""
+    from bench import spec_splits
+
+    files, recorded = committed_prompts(), json.loads((REPO / "models" / "corpus_manifest.json").read_text())
+    assert_disjoint_splits(files)
+    # nor 32 tokens in a row in both (shorter runs are shared: a licence line, a common docstring)
+    assert not runs_of(files["dev"]) & runs_of(files["test"])
+    counts = f"{len(files['dev']['documents'])} documents dev, {len(files['test']['documents'])} test"
+    assert counts in " ".join((REPO / "bench" / "README.md").read_text().split())  # what bench/README.md says
+    vocabulary = hashlib.sha256((REPO / "models" / "teach-target" / "encoder.json").read_bytes()).hexdigest()
+    for split, content in files.items():
+        assert content["heldout"]["sha256"] == recorded["outputs"]["heldout.txt"]["sha256"]
+        assert content["documents"] == [name for name in recorded["documents"]["heldout"]
+                                        if spec_splits.split_of(name) == split]
+        assert content["settings"] == {**spec_splits.CUT, "max_function_tokens": (512 - 48) // 2 - 8,
+                                       "vocabulary_sha256": vocabulary}
+        assert content["command"] == "python bench/spec_splits.py" and content["rule"] == spec_splits.RULE
+        assert {category: len(prompts) for category, prompts in content["categories"].items()} == {
+            "open": 64, "copy": 64, "structured": 64}
+        assert spec_splits.file_text(content) == (REPO / "bench" / "prompts" / f"{split}.json").read_text()
+
+
+def test_prompt_splits_regenerate_identically_from_the_held_out_sample(tmp_path):
+    """The cut on the committed sample of the held-out text, as four documents: run twice, the same bytes; the splits
+    disjoint; every window the tokens of its documents, every copy prompt a function of its document."""
+    from bench import heldout, spec_splits
+
+    lines = (REPO / "tests" / "fixtures" / "heldout_sample.txt").read_text().splitlines(keepends=True)
+    documents = [(f"heldout_sample.txt:{first + 1}", "".join(lines[first:first + 62])) for first in range(0, 248, 62)]
+    assert [spec_splits.split_of(name) for name, _ in documents] == ["test", "test", "dev", "dev"]
+    (tmp_path / "heldout.txt").write_text("<|endoftext|>".join(text for _, text in documents))
+    (tmp_path / "manifest.json").write_text(json.dumps({"documents": {"heldout": [name for name, _ in documents]}}))
+    flags = ["--heldout", str(tmp_path / "heldout.txt"), "--per_category", "2", "--prompt_tokens", "16",
+             "--new_tokens", "8"]
+    texts = []
+    for _ in range(2):  # into the same folder: the command each file records names it
+        completed = subprocess.run([sys.executable, "bench/spec_splits.py", *flags, "--out_dir", str(tmp_path / "out")],
+                                   capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        texts.append({split: (tmp_path / "out" / f"{split}.json").read_text() for split in ("dev", "test")})
+    assert texts[0] == texts[1]
+    files = {split: json.loads(text) for split, text in texts[0].items()}
+    assert_disjoint_splits(files)
+    encoder = get_encoder_from_dir(REPO / "models" / "teach-target")
+    for split, content in files.items():
+        mine = [(name, text) for name, text in documents if name in content["documents"]]
+        tokens, _ = spec_splits.document_tokens(encoder, mine)
+        functions = [source for _, text in mine for source in heldout.held_out_functions(text)]
+        for category, prompts in content["categories"].items():
+            assert len(prompts) == (min(2, len(functions)) if category == "copy" else 2), category
+            for prompt in prompts:
+                if category == "copy":
+                    assert encoder.decode(prompt["tokens"]).startswith(functions[prompt["function"]])
+                else:
+                    assert prompt["tokens"] == tokens[prompt["start"]:prompt["start"] + 16].tolist()
+
+
+def test_prompt_splits_need_every_document_named(tmp_path):
+    (tmp_path / "heldout.txt").write_text("one<|endoftext|>two")
+    (tmp_path / "manifest.json").write_text(json.dumps({"documents": {"heldout": ["one"]}}))
+    completed = subprocess.run([sys.executable, "bench/spec_splits.py", "--heldout", str(tmp_path / "heldout.txt"),
+                                "--out_dir", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert completed.returncode == 2 and "names 1 held-out documents" in completed.stderr
+    assert "Traceback" not in completed.stderr and not (tmp_path / "dev.json").exists()
 
 
 def test_every_bench_script_that_builds_a_drafter_runs_as_a_file():

@@ -48,6 +48,7 @@ def test_a_few_steps_write_a_head_and_a_run_stopped_half_way_resumes_to_the_same
     assert info["target"] == "teach-target" and info["training"]["steps_done"] == 4
     assert [entry["step"] for entry in info["training"]["evals"]] == [2, 4]
     assert all(np.isfinite(entry["feature_loss"]) for entry in info["training"]["evals"])
+    assert [path.name for path in corpus_dir.iterdir()] == ["train.txt"]  # its evaluations read no held-out text
     assert (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes() == target_before
 
     stop_training_at(monkeypatch, 3, lambda: train(models_dir, corpus_dir, tmp_path / "stopped"))

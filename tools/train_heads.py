@@ -6,9 +6,11 @@
     python tools/train_heads.py kangaroo             # -> models/teach-kangaroo
 
 The target (models/teach-target) never changes. The head sees the training split only (build/corpus/train.txt;
-the held-out split stays unseen), less its last validation_tokens, which measure it; each batch is windows of
-seq_len + 1 tokens, and the target's features for them are computed inside the same jitted step. The loss is the
-paper's:
+the held-out split stays unseen, its evaluations too), less its last validation_tokens, which measure it. A recipe
+is kept or dropped by the head's α at K 4 on the bench's development split, never on the test split that reports it:
+`python bench/spec_bench.py --at_K4_only --at_K4_split dev --drafters draft,eagle-chain,eagle-tree`. Each batch is
+windows of seq_len + 1 tokens, and the target's features for them are computed inside the same jitted step. The loss
+is the paper's:
 
 - EAGLE (Li et al. 2024, arXiv 2401.15077): the head reads the target's feature f_i beside the embedding of token
   i+1 and predicts f_{i+1}: smooth L1 between predicted and true features, plus 0.1 times the cross-entropy from

@@ -1,0 +1,131 @@
+"""What bench/spec_bench.py reports of a set of runs: each run is (tokens, seconds, SpeculativeStats, loops), a loop
+(accepted, judged, drafted) as Recorded reads it back: the drafts it accepted, the depth down to which the target
+judged them, the drafts it proposed.
+
+Mean accepted tokens per target call comes in two conventions, both reported, each under its name:
+- Spec-Bench's (Xia et al. 2024) mean accepted tokens: tokens generated per target call, counting the token the
+  target adds to each loop (the correction or the bonus): 1.00 for plain decoding;
+- SpecForge's (sgl-project/SpecForge) simulated acceptance length, a_1 + a_1 a_2 + a_1 a_2 a_3 + ... with a_d the
+  acceptance at depth d (alpha_per_depth): the drafts a loop accepts, without that token.
+"""
+
+import statistics
+
+import sampling
+from verifiers.tree import TokenTree
+
+
+def chain_tree(drafts_drawn):  # a chain of drafts as a one-path TokenTree, so chains and trees are replayed alike
+    tree, node = TokenTree(), -1
+    for token in drafts_drawn:
+        node = tree.add_choice(node, token)
+    return tree
+
+
+class Recorded:
+    """A drafter that keeps, for each loop, where the loop started and what it proposed, so that the output can be
+    replayed through it: how many drafts each loop accepted and at which depth it judged one."""
+
+    def __init__(self, model):
+        self.model, self.proposals = model, []
+        for name in ("n_vocab", "n_ctx"):  # what sampling.prepare checks against the target
+            if hasattr(model, name):
+                setattr(self, name, getattr(model, name))
+
+    def propose(self, x, K, settings, rng, stats):  # sampling.draw_drafts' contract
+        proposed, p = sampling.draw_drafts(self.model, x, K, settings, rng, stats)
+        self.proposals.append((len(x), chain_tree(proposed)))
+        return proposed, p
+
+    def draft_tree(self, x, K, n_drafts, settings, stats):  # verifiers/tree.py's drafts="dynamic"
+        tree = self.model.draft_tree(x, K, n_drafts, settings, stats)
+        self.proposals.append((len(x), tree))
+        return tree
+
+    def loops(self, out):  # -> [(accepted, judged, drafted)], one per loop
+        """Down each loop's tree along the tokens that followed it: the nodes matched were accepted (a correction
+        never equals a rejected candidate, whose q' was zeroed); judged adds the next depth when the last node
+        matched has children."""
+        rows = []
+        for start, tree in self.proposals:
+            node, accepted = -1, 0
+            for token in out[start:]:
+                if (node, int(token)) not in tree.index:
+                    break
+                node, accepted = tree.index[node, int(token)], accepted + 1
+            rows.append((accepted, accepted + bool(tree.candidates[node]), len(tree.tokens)))
+        return rows
+
+
+def total(runs, name):  # a SpeculativeStats counter summed over runs' stats
+    return sum(getattr(stats, name) for _, _, stats, _ in runs)
+
+
+def loops_of(runs):  # every loop of these runs
+    return [loop for *_, per_run in runs for loop in per_run]
+
+
+def alpha(runs):  # accepted drafts / drafts judged (None where none was judged)
+    judged = total(runs, "accepted") + total(runs, "rejected")
+    return total(runs, "accepted") / judged if judged else None
+
+
+def decode_step(runs):  # seconds per target call in these runs (autoregressive runs: the decode step)
+    return total(runs, "target_seconds") / total(runs, "target_calls")
+
+
+def draft_step_cost(runs, decode_seconds):  # c: a draft step over a decode step (0 where nothing was drafted)
+    steps = total(runs, "draft_calls")
+    return total(runs, "draft_seconds") / steps / decode_seconds if steps else 0.0
+
+
+def predict(loops, c, steps_per_loop, verify_steps):
+    """The formula at these loops: tokens per loop / (c x draft steps per loop + verify_steps), in decode steps."""
+    return statistics.mean(1 + accepted for accepted, _, _ in loops) / (c * steps_per_loop + verify_steps)
+
+
+def machine_v(loops, measured):  # v(drafted + 1) of this machine's measured costs (speedup/costs.py), over the loops
+    return statistics.mean(measured.v(min(drafted + 1, measured.K_max + 1)) for _, _, drafted in loops)
+
+
+def formula_terms(runs, decode_seconds):  # -> (c, draft steps per loop, verification), each in decode steps
+    steps = total(runs, "draft_calls") / total(runs, "loops")
+    return draft_step_cost(runs, decode_seconds), steps, decode_step(runs) / decode_seconds
+
+
+def acceptance_by_depth(loops):  # -> [{"depth", "judged", "accepted"}]: the histogram alpha_per_depth divides
+    """At depth d: the loops whose target judged a draft at depth d, and those that accepted it (at least d drafts)."""
+    rows, depth = [], 1
+    while judged := sum(j >= depth for _, j, _ in loops):
+        rows.append({"depth": depth, "judged": judged, "accepted": sum(a >= depth for a, _, _ in loops)})
+        depth += 1
+    return rows
+
+
+def alpha_per_depth(loops):  # -> [alpha_1, ...]: loops accepting >= d drafts / loops judging a draft at depth d
+    return [row["accepted"] / row["judged"] for row in acceptance_by_depth(loops)]
+
+
+def accepted_length_counts(loops):  # -> [loops accepting 0 drafts, 1, ...]
+    counts = [0] * (1 + max((accepted for accepted, _, _ in loops), default=0))
+    for accepted, _, _ in loops:
+        counts[accepted] += 1
+    return counts
+
+
+def specforge_acceptance_length(alphas):  # a_1 + a_1 a_2 + ...: drafts accepted per loop, the bonus token left out
+    length, product = 0.0, 1.0
+    for alpha_d in alphas:
+        product *= alpha_d
+        length += product
+    return length
+
+
+def mean_accepted_tokens(runs):  # -> both conventions, named
+    return {"spec_bench": total(runs, "generated") / total(runs, "target_calls"),
+            "specforge_simulated": specforge_acceptance_length(alpha_per_depth(loops_of(runs)))}
+
+
+def summary(values):  # -> median with its range, mean and standard deviation (0 for a single value)
+    return {"median": statistics.median(values), "low": min(values), "high": max(values),
+            "mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
