@@ -1,0 +1,59 @@
+"""--html PATH: after the timed runs, one more speculative run recorded call by call (classroom/trace.py) and written
+as the page that replays it (classroom/page.py). `check_html` refuses, before any model loads, a path that cannot
+be written and the runs the replay cannot show: it replays Algorithm 2 (--verifier token) on one sequence, with a
+draft model on the NumPy backend (whose calls it records one by one) and a fixed K.
+"""
+
+import os
+import tempfile
+
+from bench.machine import machine_line
+from classroom import page, trace
+from cli.drafter_flags import WITHOUT_A_MODEL
+
+
+def check_html(html, prompts, batch_size, decoders, verifier, backend, K, draft_model_size):
+    """-> the page's path, or None without --html; ValueError for what the page cannot be written for."""
+    if html is None:
+        return None
+    if not isinstance(html, str) or not html or os.path.isdir(html):
+        raise ValueError(f"--html needs the path of a file to write, got {html!r}")
+    why = ("a batch" if isinstance(prompts, (list, tuple)) and len(prompts) > 1 or batch_size not in (None, 1)
+           else "--decoder without speculative" if "speculative" not in decoders
+           else f"--verifier {verifier}" if verifier != "token" else f"--backend {backend}" if backend != "numpy"
+           else "--K auto" if K == "auto" else f"--draft_model_size {draft_model_size}"
+           if draft_model_size in WITHOUT_A_MODEL else None)
+    if why:
+        raise ValueError(f"--html replays Algorithm 2 on one sequence with a draft model on the NumPy backend: "
+                         f"it cannot show {why}")
+    check_writable(html)
+    return html
+
+
+def check_writable(path):
+    """Create and remove a file beside path, so a folder that is missing or read-only fails now, not after the runs."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(os.path.abspath(path)), prefix=".html-check-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"--html cannot write {path}: {error.strerror or error}") from None
+
+
+def write_html(run, prompt_ids, draft, target, encoder, result):
+    """Record one more speculative run (and an autoregressive one, for the time axis) and write its page."""
+    from cli.report import describe_pair  # here: cli.report imports cli.flags, which imports this module
+
+    flags, settings = run.flags, run.settings
+    recording = trace.record_run(prompt_ids, draft, target, flags["n_tokens"], flags["K"], settings, flags["seed"])
+    loops = trace.replay_loops(recording, len(prompt_ids), settings, lambda token: encoder.decode([token]))
+    speculative = result["speculative"]
+    measured = {"alpha": speculative["acceptance_rate"], "c": speculative["cost_ratio"],
+                "v": speculative["verify_steps"], "K": flags["K"], "speedup": speculative["speedup"],
+                "expected_speedup": speculative["expected_speedup"],
+                "decode_step_ms": 1e3 * speculative["decode_step_seconds"] if speculative["decode_step_seconds"]
+                else None}
+    data = page.page_data(recording, loops, len(prompt_ids), encoder.decode, describe_pair(flags), measured,
+                          machine_line())
+    if data["text"] != speculative["text"]:
+        raise trace.TraceMismatch("the recorded run wrote another text than the timed runs")
+    page.write_page(run.html, data)
