@@ -121,3 +121,15 @@ def test_html_writes_the_page_of_the_run(models_dir, tmp_path):
     assert sum(len(loop["tokens"]) for loop in data["loops"]) == 12
     assert len(data["autoregressive"]) == 12
 
+
+
+def test_the_committed_page_is_the_bundled_pairs_default_run():
+    from conftest import REPO
+    import main
+
+    html = (REPO / "docs" / "run.html").read_text()
+    assert len(html.encode()) < 500_000
+    data = json.loads(EMBEDDED.search(html).group(1))
+    assert data["prompt"] == main.DEFAULT_PROMPT and len(data["tokens"]) == 64
+    assert data["run"] == "teach-draft drafting for teach-target, K 4, temperature 0.0"
+    assert html == page.render(data)  # the page's code is the one in classroom/page/: regenerate docs/run.html
