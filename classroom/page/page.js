@@ -220,7 +220,7 @@ function showCaches(step) {
   const cache = TRACE.loops[step.loop].cache;
   const words = (name, lengths) => {
     if (!lengths) return `${name}: no draft steps this loop.`;
-    const rollback = lengths.kept < lengths.before
+    const rollback = lengths.before === 0 ? "started empty" : lengths.kept < lengths.before
       ? `rolled back from ${lengths.before} tokens to the first ${lengths.kept}, the text it still agrees with`
       : `kept all ${lengths.before} tokens`;
     return `${name}'s KV cache: ${rollback}, then ${lengths.after} after its call${name === "the draft" ? "s" : ""}.`;
