@@ -13,19 +13,28 @@ from pathlib import Path
 
 import sampling
 from checkpoints.atomic import write_atomically
+from verifiers import block
 
 PAGE_DIR = Path(__file__).with_name("page")
-# the lines of speculative_sampling the replay highlights, found by their text so the page follows sampling.py
-SOURCE_MARKS = {"draft": "drafts, p = draw_drafts(", "verify": "q = timed_probs(target_model", "r": "r = rng.random()",
-                "test": "if accepts(r,", "accept": "x = np.append(x, token)", "reject": "sample(max_fn(",
-                "bonus": "sample(q[K_n], rng)"}
+# each verifier's source on the page: its functions, from the first to the last, and the lines the replay
+# highlights, found by their text so that the page follows the code
+SOURCES = {
+    "token": ([sampling.speculative_sampling], {
+        "draft": "drafts, p = draw_drafts(", "verify": "q = timed_probs(target_model", "r": "r = rng.random()",
+        "test": "if accepts(r,", "accept": "x = np.append(x, token)", "reject": "sample(max_fn(",
+        "bonus": "sample(q[K_n], rng)"}),
+    "block": ([block.block_speculative_sampling, block.verify_block], {
+        "draft": "drafts, p = draw_drafts(", "verify": "q = timed_probs(target_model",
+        "weights": "b, h = block_weights(", "eta": "eta = [rng.random()", "tau": "tau = max(",
+        "bonus": "return tau, q[K]", "reject": "return tau, max_fn(", "sample": "sample(next_token_probs, rng)"}),
+}
 SIGNIFICANT_DIGITS = 6  # of every probability and uniform in the page's JSON: it keeps the file small
 
 
-def page_data(recording, loops, n_prompt, decode, describe_run, measured, machine):
+def page_data(recording, loops, n_prompt, decode, describe_run, measured, machine, verifier="token"):
     """What the page shows, as plain JSON types. recording and loops: trace.record_run's and trace.replay_loops';
     decode: token ids -> text; describe_run: the run in words; measured: this run's alpha, c, v, K and speedups;
-    machine: bench.machine.machine_line()."""
+    machine: bench.machine.machine_line(); verifier: token or block, the rule the loops were decided by."""
     new_tokens = recording["x"][n_prompt:].tolist()
     origins = [token["origin"] for loop in loops for token in loop["tokens"]]
     pieces = text_pieces(new_tokens, decode)
@@ -38,7 +47,7 @@ def page_data(recording, loops, n_prompt, decode, describe_run, measured, machin
         "loops": [{**loop, "times": shifted(loop["times"], start)} for loop in loops],
         "autoregressive": [[1e3 * (call.start - autoregressive_start), 1e3 * (call.end - autoregressive_start)]
                            for call in recording["autoregressive_calls"]],
-        "measured": measured, "source": source_listing()})
+        "measured": measured, "verifier": verifier, "source": source_listing(*SOURCES[verifier])})
 
 
 def text_pieces(tokens, decode):
@@ -60,16 +69,20 @@ def shifted(times, start):  # a loop's perf_counter seconds -> milliseconds sinc
     return {"draft": [ms(call) for call in times["draft"]], "target": ms(times["target"])}
 
 
-def source_listing():
-    """speculative_sampling's source: its lines, the file's number of its first line and SOURCE_MARKS' lines."""
-    lines, first = inspect.getsourcelines(sampling.speculative_sampling)
-    marks = {}
-    for name, text in SOURCE_MARKS.items():
-        found = [i for i, line in enumerate(lines) if text in line]
-        if len(found) != 1:
-            raise ValueError(f"sampling.speculative_sampling has {len(found)} lines with {text!r}, the page needs one")
-        marks[name] = found[0]
-    return {"lines": [line.rstrip("\n") for line in lines], "first_line": first, "marks": marks}
+def source_listing(functions, marks):
+    """The source of one file from the first function's first line to the last function's last line: its lines, the
+    file's number of its first line, and the index of the one line holding each mark's text."""
+    file_lines, _ = inspect.findsource(functions[0])
+    first = inspect.getsourcelines(functions[0])[1]
+    last_lines, last_start = inspect.getsourcelines(functions[-1])
+    lines = [line.rstrip("\n") for line in file_lines[first - 1:last_start - 1 + len(last_lines)]]
+    found = {name: [i for i, line in enumerate(lines) if text in line] for name, text in marks.items()}
+    for name, indices in found.items():
+        if len(indices) != 1:
+            raise ValueError(f"the page's source has {len(indices)} lines with {marks[name]!r}, it needs one")
+    return {"lines": lines, "first_line": first, "marks": {name: indices[0] for name, indices in found.items()},
+            "title": f"{Path(inspect.getsourcefile(functions[0])).name}: "
+                     + ", ".join(function.__name__ for function in functions)}
 
 
 def rounded(value):

@@ -1,7 +1,8 @@
 """--html PATH: after the timed runs, one more speculative run recorded call by call (classroom/trace.py) and written
 as the page that replays it (classroom/page.py). `check_html` refuses, before any model loads, a path that cannot
-be written and the runs the replay cannot show: it replays Algorithm 2 (--verifier token) on one sequence, with a
-draft model on the NumPy backend (whose calls it records one by one) and a fixed K.
+be written and the runs the replay cannot show: it replays Algorithm 2 (--verifier token) or block verification
+(--verifier block) on one sequence, with a draft model on the NumPy backend (whose calls it records one by one) and
+a fixed K.
 """
 
 import os
@@ -10,6 +11,8 @@ import tempfile
 from bench.machine import machine_line
 from classroom import page, trace
 from cli.drafter_flags import WITHOUT_A_MODEL
+
+VERIFIERS = tuple(page.SOURCES)  # the rules the page can replay: token and block
 
 
 def check_html(html, prompts, batch_size, decoders, verifier, backend, K, draft_model_size):
@@ -20,12 +23,12 @@ def check_html(html, prompts, batch_size, decoders, verifier, backend, K, draft_
         raise ValueError(f"--html needs the path of a file to write, got {html!r}")
     why = ("a batch" if isinstance(prompts, (list, tuple)) and len(prompts) > 1 or batch_size not in (None, 1)
            else "--decoder without speculative" if "speculative" not in decoders
-           else f"--verifier {verifier}" if verifier != "token" else f"--backend {backend}" if backend != "numpy"
+           else f"--verifier {verifier}" if verifier not in VERIFIERS else f"--backend {backend}" if backend != "numpy"
            else "--K auto" if K == "auto" else f"--draft_model_size {draft_model_size}"
            if draft_model_size in WITHOUT_A_MODEL else None)
     if why:
-        raise ValueError(f"--html replays Algorithm 2 on one sequence with a draft model on the NumPy backend: "
-                         f"it cannot show {why}")
+        raise ValueError(f"--html replays token or block verification on one sequence with a draft model on the "
+                         f"NumPy backend: it cannot show {why}")
     check_writable(html)
     return html
 
@@ -44,16 +47,18 @@ def write_html(run, prompt_ids, draft, target, encoder, result):
     from cli.report import describe_pair  # here: cli.report imports cli.flags, which imports this module
 
     flags, settings = run.flags, run.settings
-    recording = trace.record_run(prompt_ids, draft, target, flags["n_tokens"], flags["K"], settings, flags["seed"])
-    loops = trace.replay_loops(recording, len(prompt_ids), settings, lambda token: encoder.decode([token]))
+    verifier = flags["verifier"]
+    recording = trace.record_run(prompt_ids, draft, target, flags["n_tokens"], flags["K"], settings, flags["seed"],
+                                 verifier)
+    loops = trace.replay_loops(recording, len(prompt_ids), settings, lambda token: encoder.decode([token]), verifier)
     speculative = result["speculative"]
     measured = {"alpha": speculative["acceptance_rate"], "c": speculative["cost_ratio"],
                 "v": speculative["verify_steps"], "K": flags["K"], "speedup": speculative["speedup"],
                 "expected_speedup": speculative["expected_speedup"],
                 "decode_step_ms": 1e3 * speculative["decode_step_seconds"] if speculative["decode_step_seconds"]
                 else None}
-    data = page.page_data(recording, loops, len(prompt_ids), encoder.decode, describe_pair(flags), measured,
-                          machine_line())
+    words = describe_pair(flags) + ("" if verifier == "token" else ", block verification")
+    data = page.page_data(recording, loops, len(prompt_ids), encoder.decode, words, measured, machine_line(), verifier)
     if data["text"] != speculative["text"]:
         raise trace.TraceMismatch("the recorded run wrote another text than the timed runs")
     page.write_page(run.html, data)

@@ -9,6 +9,7 @@ import pytest
 
 import sampling
 from classroom import page, trace
+from verifiers import block
 from conftest import bundled_pair_after
 from helpers import PAIR, assert_short_error, run_main
 
@@ -21,10 +22,10 @@ def pair():
     return bundled_pair_after(PROMPT)
 
 
-def record(pair, temperature, N=16, K=4, seed=123):
+def record(pair, temperature, N=16, K=4, seed=123, verifier="token"):
     ids, draft, target = pair
     settings = sampling.SamplingSettings(temperature)
-    return ids, settings, trace.record_run(ids, draft, target, N, K, settings, seed)
+    return ids, settings, trace.record_run(ids, draft, target, N, K, settings, seed, verifier)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -52,6 +53,26 @@ def test_the_replayed_loops_are_the_runs(pair, temperature):
         cache = loop["cache"]["target"]
         assert cache["after"] == n + len(loop["drafts"]) and cache["kept"] <= n
         n += len(loop["tokens"])
+
+
+def test_block_verification_replayed(pair):
+    ids, settings, recording = record(pair, 1.0, N=24, verifier="block")
+    _, draft, target = pair
+    draft.reset(), target.reset()
+    x = block.block_speculative_sampling(ids, draft, target, 24, 4, rng=123, temperature=1.0)
+    np.testing.assert_array_equal(recording["x"], x)
+    loops = trace.replay_loops(recording, len(ids), settings, str, verifier="block")
+    assert [token["origin"] for loop in loops for token in loop["tokens"]] == recording["origins"]
+    for loop in loops:
+        drafts = loop["drafts"]
+        tau = max((t for t, draft in enumerate(drafts, 1) if draft["eta"] < draft["h"]), default=0)  # the paper's tau
+        assert [draft["accepted"] for draft in drafts] == [t <= tau for t in range(1, len(drafts) + 1)]
+        assert loop["ending"]["kind"] == (("bonus" if drafts else "target") if tau == len(drafts) else "corrected")
+        weights = [1.0] + [draft["b"] for draft in drafts]
+        assert all(b == pytest.approx(min(1.0, before * draft["q"] / draft["p"]), rel=1e-5)
+                   for before, b, draft in zip(weights, weights[1:], drafts))
+    with pytest.raises(trace.TraceMismatch):  # the same recording decided by the other rule
+        trace.replay_loops(recording, len(ids), settings, str, verifier="token")
 
 
 def test_a_recording_of_another_run_is_refused(pair):
@@ -98,7 +119,7 @@ def test_text_pieces_keep_a_split_character_whole():
 @pytest.mark.parametrize("flags, message", [
     (["--html", "/no/such/folder/run.html"], "--html cannot write /no/such/folder/run.html"),
     (["--html", "."], "--html needs the path of a file to write"),
-    (["--html", "run.html", "--verifier", "block"], "it cannot show --verifier block"),
+    (["--html", "run.html", "--verifier", "tree"], "it cannot show --verifier tree"),
     (["--html", "run.html", "--K", "auto"], "it cannot show --K auto"),
     (["--html", "run.html", "--decoder", "autoregressive"], "it cannot show --decoder without speculative"),
     (["--html", "run.html", "--batch_size", "2"], "it cannot show a batch"),

@@ -34,10 +34,12 @@ def browser():
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """{name: (path, the run embedded in it)}: the committed greedy page, and a sampled run written now."""
-    sampled = tmp_path_factory.mktemp("page") / "sampled.html"
-    result = run_main("--temperature", "1", "--n_tokens_to_generate", "32", "--repeats", "1", "--html", str(sampled))
-    assert result.returncode == 0, result.stderr
-    paths = {"greedy": REPO / "docs" / "run.html", "sampled": sampled}
+    folder = tmp_path_factory.mktemp("page")
+    paths = {"greedy": REPO / "docs" / "run.html", "sampled": folder / "sampled.html", "block": folder / "block.html"}
+    for name, flags in (("sampled", []), ("block", ["--verifier", "block"])):
+        result = run_main("--temperature", "1", "--n_tokens_to_generate", "32", "--repeats", "1", *flags,
+                          "--html", str(paths[name]))
+        assert result.returncode == 0, result.stderr
     return {name: (path, json.loads(EMBEDDED.search(path.read_text()).group(1))) for name, path in paths.items()}
 
 
@@ -53,6 +55,8 @@ def open_page(browser, path, width=1280):
 
 
 def step_count(run):  # the start, then per loop: its drafts, the target's call, each judged draft, its last token
+    if run["verifier"] == "block":  # the block judged in one step, where there are drafts
+        return 1 + sum(4 if loop["drafts"] else 3 for loop in run["loops"])
     return 1 + sum(3 + sum(draft.get("judged") is not False for draft in loop["drafts"]) for loop in run["loops"])
 
 
@@ -61,7 +65,7 @@ def show_loop(page, number):
                       loop.value = {number}; loop.dispatchEvent(new Event('input'));""")
 
 
-@pytest.mark.parametrize("name", ["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["greedy", "sampled", "block"])
 def test_stepping_through_every_loop_ends_on_the_runs_text_with_no_request_and_no_error(browser, pages, name):
     path, run = pages[name]
     page, requests, errors = open_page(browser, path)
@@ -82,7 +86,7 @@ def test_stepping_through_every_loop_ends_on_the_runs_text_with_no_request_and_n
     page.close()
 
 
-@pytest.mark.parametrize("name", ["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["greedy", "sampled", "block"])
 def test_a_chosen_loop_shows_the_traces_r_ratio_and_verdicts(browser, pages, name):
     path, run = pages[name]
     page, _, errors = open_page(browser, path)
@@ -96,6 +100,11 @@ def test_a_chosen_loop_shows_the_traces_r_ratio_and_verdicts(browser, pages, nam
         assert len(rows) == len(drafts)
         for row, draft in zip(rows, drafts):
             assert row["p"] == f"{draft['p']:.4f}" and row["q"] == f"{draft['q']:.4f}"
+            if run["verifier"] == "block":
+                assert (row["b"], row["h"], row["eta"]) == (f"{draft['b']:.4f}", f"{draft['h']:.3f}",
+                                                            f"{draft['eta']:.3f}")
+                assert row["verdict"] == ("kept" if draft["accepted"] else "dropped")
+                continue
             if draft.get("judged") is False:
                 assert row["verdict"] == "never judged" and row["r"] == ""
             else:

@@ -4,6 +4,8 @@
 "use strict";
 
 const TRACE = JSON.parse(document.getElementById("trace").textContent);
+// block verification (verifiers/block.py) judges a loop's drafts as one block; token verification one by one
+const BLOCK = TRACE.verifier === "block";
 const SVG = "http://www.w3.org/2000/svg";
 
 // ---- the formula, as speedup/stats.py and speedup/costs.py write it ------------------------------------------------
@@ -71,14 +73,16 @@ function fixed(value, digits) {
 
 // ---- section 1: the replay -----------------------------------------------------------------------------------------
 
-// The steps of the replay: the start, then for each loop its K drafts, the target's call, each judged draft, and the
-// loop's last token (the correction drawn from (q - p)+, or the bonus token drawn from q).
+// The steps of the replay: the start, then for each loop its K drafts, the target's call, each judged draft (block
+// verification: the block judged at once), and the loop's last token (the correction drawn from (q - p)+, or the
+// bonus token drawn from q).
 function buildSteps(loops) {
   const steps = [{ loop: -1, phase: "start" }];
   loops.forEach((loop, i) => {
     steps.push({ loop: i, phase: "draft" }, { loop: i, phase: "verify" });
+    if (BLOCK && loop.drafts.length) steps.push({ loop: i, phase: "block" });
     loop.drafts.forEach((draft, t) => {
-      if (draft.judged !== false) steps.push({ loop: i, phase: "judge", t: t });
+      if (!BLOCK && draft.judged !== false) steps.push({ loop: i, phase: "judge", t: t });
     });
     steps.push({ loop: i, phase: "end" });
   });
@@ -95,6 +99,7 @@ const replay = { position: 0, timer: null };
 function judgedSoFar(step) {
   const loop = TRACE.loops[step.loop];
   if (step.phase === "judge") return step.t + 1;
+  if (step.phase === "block") return loop.drafts.length;
   if (step.phase === "end") return loop.drafts.filter((draft) => draft.judged !== false).length;
   return 0;
 }
@@ -117,6 +122,12 @@ function showText(step) {
   if (step.loop < 0 || step.phase === "end") return;
   // the drafts not yet kept, from the one being judged (struck through once refused) or the next to be
   const loop = TRACE.loops[step.loop];
+  if (step.phase === "block") {  // the drafts after tau, all dropped
+    loop.drafts.filter((draft) => !draft.accepted).forEach((draft) => {
+      pending.append(element("span", "token refused", draft.text));
+    });
+    return;
+  }
   const refused = step.phase === "judge" && !loop.drafts[step.t].accepted;
   const first = step.phase !== "judge" ? 0 : refused ? step.t : step.t + 1;
   loop.drafts.slice(first).forEach((draft, i) => {
@@ -139,16 +150,28 @@ function stepWords(step) {
         "from p(x | x_1..x_n, x\u0303_1..x\u0303_{t-1}), one draft step each."
         : `Loop ${step.loop + 1}: one token is left to write, so nothing is drafted: the target takes a plain step.`;
     case "verify":
-      return `One target call scores the ${K + 1} positions at once: q(x | x_1..x_n) up to ` +
-        "q(x | x_1..x_n, x\u0303_1..x\u0303_K). Now every draft has its p(x\u0303) and q(x\u0303).";
+      return K ? `One target call scores the ${K + 1} positions at once: q(x | x_1..x_n) up to ` +
+        "q(x | x_1..x_n, x\u0303_1..x\u0303_K). Now every draft has its p(x\u0303) and q(x\u0303)."
+        : "One target call gives q(x | x_1..x_n), as a step of autoregressive decoding would.";
     case "judge": {
       const draft = loop.drafts[step.t];
       return `Draft ${step.t + 1}, "${visible(draft.text)}": r = ${fixed(draft.r, 3)} drawn from U[0, 1]; ` +
         `min(1, q/p) = ${fixed(draft.ratio, 3)}. ` + (draft.accepted ? "r is below it: accepted, x_{n+1} \u2190 x\u0303_t."
         : "r is not below it: rejected; the drafts after it are never judged.");
     }
+    case "block": {
+      const tau = loop.drafts.filter((draft) => draft.accepted).length;
+      return `Block verification draws all ${K} uniforms \u03b7_t at once and keeps the drafts up to \u03c4, the last t ` +
+        "with \u03b7_t < h_t, where b_t = min(1, b_{t-1} q/p) is the weight the block has left and h_t the chance " +
+        `to stop at t. Here \u03c4 = ${tau}: ` + (tau === K ? "the whole block is kept." : `${K - tau} draft(s) dropped` +
+        (loop.drafts.slice(0, tau).some((draft) => draft.eta >= draft.h)
+          ? "; a draft that failed its own test is kept, as token verification never would." : "."));
+    }
     default:
-      return ending.kind === "corrected"
+      return ending.kind === "corrected" && BLOCK
+        ? `After the ${ending.at} kept drafts, "${visible(ending.text)}" is drawn from (b_\u03c4 q \u2212 p)+, ` +
+          "normalised: the mass the target gives beyond the draft's, once the block's weight is spent."
+        : ending.kind === "corrected"
         ? `The rejected draft's place goes to "${visible(ending.text)}", drawn from (q \u2212 p)+: the mass the target ` +
           "gives beyond the draft's. This is what makes every token distributed exactly as the target's."
         : ending.kind === "bonus"
@@ -158,12 +181,35 @@ function stepWords(step) {
   }
 }
 
+// The table's columns: token verification's r and min(1, q/p), or block verification's b_t, h_t and eta_t.
+const DRAFT_COLUMNS = BLOCK
+  ? ["t", "x\u0303<sub>t</sub>", "p(x\u0303<sub>t</sub>)", "q(x\u0303<sub>t</sub>)", "b<sub>t</sub>", "h<sub>t</sub>",
+    "\u03b7<sub>t</sub>", "verdict"]
+  : ["t", "x\u0303<sub>t</sub>", "p(x\u0303<sub>t</sub>)", "q(x\u0303<sub>t</sub>)", "r", "min(1, q/p)", "verdict"];
+
+function blockRow(draft, t, step) {  // block verification's cells, and its verdict once the block is judged
+  const judged = step.phase === "block" || step.phase === "end";
+  const verdict = judged ? (draft.accepted ? "kept" : "dropped") : "";
+  return [[String(t + 1), ""], [visible(draft.text), "tok"], [fixed(draft.p, 4), "p"],
+    [step.phase === "draft" ? "" : fixed(draft.q, 4), "q"], [judged ? fixed(draft.b, 4) : "", "b"],
+    [judged ? fixed(draft.h, 3) : "", "h"], [judged ? fixed(draft.eta, 3) : "", "eta"],
+    [verdict, "verdict " + (draft.accepted ? "verdict-yes" : "verdict-no")]];
+}
+
 function showDrafts(step) {
   const body = document.querySelector("#drafts tbody");
   body.replaceChildren();
   if (step.loop < 0) return;
   const loop = TRACE.loops[step.loop];
   const judged = judgedSoFar(step);
+  if (BLOCK) {
+    loop.drafts.forEach((draft, t) => {
+      const row = element("tr");
+      blockRow(draft, t, step).forEach(([text, className]) => row.append(element("td", className, text)));
+      body.append(row);
+    });
+    return;
+  }
   loop.drafts.forEach((draft, t) => {
     const row = element("tr");
     row.dataset.t = t;
@@ -246,7 +292,8 @@ function sourceMarks(step) {
     case "draft": return loop.drafts.length ? ["draft"] : [];
     case "verify": return ["verify"];
     case "judge": return ["r", "test", ...(loop.drafts[step.t].accepted ? ["accept"] : [])];
-    case "end": return [loop.ending.kind === "corrected" ? "reject" : "bonus"];
+    case "block": return ["weights", "eta", "tau"];
+    case "end": return [loop.ending.kind === "corrected" ? "reject" : "bonus", ...(BLOCK ? ["sample"] : [])];
     default: return [];
   }
 }
@@ -305,6 +352,9 @@ function endOfLoop(number) {
 
 function setUpReplay() {
   document.getElementById("prompt-text").textContent = TRACE.prompt;
+  document.getElementById("source-title").textContent = TRACE.source.title;
+  // the column names are the page's own text, never the run's
+  document.querySelector("#drafts thead tr").innerHTML = DRAFT_COLUMNS.map((name) => `<th>${name}</th>`).join("");
   buildSource();
   const loop = document.getElementById("loop");
   loop.max = TRACE.loops.length;
@@ -401,7 +451,9 @@ const PRESETS = {
   run: () => ({ alpha: TRACE.measured.alpha, K: TRACE.measured.K, c: TRACE.measured.c, v: TRACE.measured.v,
     words: `This run, measured: alpha ${fixed(TRACE.measured.alpha, 3)}, K ${TRACE.measured.K}, c ` +
       `${fixed(TRACE.measured.c, 3)}, v ${fixed(TRACE.measured.v, 2)} (its target call in this machine's decode ` +
-      "steps). The dot on the chart is the speedup the timed runs measured." }),
+      "steps). The dot on the chart is the speedup the timed runs measured." + (BLOCK ? " Block verification's " +
+      "alpha counts kept drafts against loops that dropped some: not the per-draft chance the formula assumes, so " +
+      "its dot need not sit on a curve." : "") }),
   // Chen et al. 2023: 14.1 ms per token for Chinchilla 70B, 1.8 ms for the 4B draft, K 4; v 1 is the idealisation
   // that scoring K + 1 tokens on the accelerator costs about one step. Alpha is left where it is: find it.
   chen: () => ({ K: 4, c: 1.8 / 14.1, v: 1,
