@@ -2,9 +2,9 @@
 calls on one time axis and lets a class explore Leviathan et al.'s formula (main.py --html, docs/run.html).
 
 `page_data` gathers what the page shows (the loops that trace.py replays from the run's recordings, the text token
-by token, the calls' times, this run's measured alpha, c and v, and sampling.speculative_sampling's own source);
-`render` inlines page/page.html, page.css, page.js and that data as JSON into one file: no network request, no build
-step, nothing to install. `write_page` writes it atomically.
+by token, the calls' times, this run's measured alpha, c and v, and the decoder's own source); `render` inlines
+page/page.html, page.css, the SCRIPTS (plain JavaScript) and that data as JSON into one file: no network request, no
+build step, nothing to install. `write_page` writes it atomically.
 """
 
 import inspect
@@ -16,6 +16,7 @@ from checkpoints.atomic import write_atomically
 from verifiers import block
 
 PAGE_DIR = Path(__file__).with_name("page")
+SCRIPTS = ("common.js", "replay.js", "timeline.js", "explorer.js")  # in page/, inlined in this order
 # each verifier's source on the page: its functions, from the first to the last, and the lines the replay
 # highlights, found by their text so that the page follows the code
 SOURCES = {
@@ -97,12 +98,13 @@ def rounded(value):
 
 
 def render(data):
-    """The page: page.html with page.css, page.js and the data inlined. In the JSON every "<" is escaped, so no
+    """The page: page.html with page.css, the SCRIPTS and the data inlined. In the JSON every "<" is escaped, so no
     text of the run (a "</script>" in a prompt) can end its script element."""
     html = (PAGE_DIR / "page.html").read_text()
     trace = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     for marker, text in (("/*PAGE_CSS*/", (PAGE_DIR / "page.css").read_text()),
-                         ("/*PAGE_JS*/", (PAGE_DIR / "page.js").read_text()), ("/*TRACE_JSON*/", trace)):
+                         ("/*PAGE_JS*/", "\n".join((PAGE_DIR / name).read_text() for name in SCRIPTS)),
+                         ("/*TRACE_JSON*/", trace)):
         html = html.replace(marker, text, 1)
     return html
 
