@@ -149,9 +149,18 @@ def test_the_explorer_shows_the_formulas_values(browser, pages):
     page.close()
 
 
-def test_play_and_speed_from_the_keyboard(browser, pages):
-    path, _ = pages["greedy"]
+def test_the_buttons_and_play_and_speed_from_the_keyboard(browser, pages):
+    path, run = pages["greedy"]
     page, _, errors = open_page(browser, path)
+    page.click("#forward")
+    page.click("#forward")
+    page.click("#back")
+    assert "(step 1 of" in page.text_content("#loop-number")
+    page.click("#last")
+    assert page.text_content("#generated") == run["text"]
+    page.click("#first")
+    assert page.text_content("#generated") == "" and "(step 0 of" in page.text_content("#loop-number")
+    page.locator("body").click(position={"x": 5, "y": 5})  # the keys below go to the page, not a button
     for _ in range(3):
         page.keyboard.press("+")  # the fastest speed
     assert page.input_value("#speed") == "8"

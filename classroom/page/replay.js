@@ -295,7 +295,8 @@ function setUpReplay() {
   document.getElementById("speed").onchange = () => changeSpeed(0);
   loop.oninput = () => show(endOfLoop(Number(loop.value)));
   document.addEventListener("keydown", (event) => {
-    if (event.target.tagName === "INPUT" || event.target.tagName === "SELECT") return;
+    if (event.target.tagName === "INPUT" || event.target.tagName === "SELECT") return;  // their own keys
+    if (event.target.tagName === "BUTTON" && (event.key === " " || event.key === "Enter")) return;  // a click
     const actions = { ArrowRight: () => show(replay.position + 1), n: () => show(replay.position + 1),
       ArrowLeft: () => show(replay.position - 1), p: () => show(replay.position - 1),
       " ": () => (replay.timer ? pause() : play()), "+": () => changeSpeed(1), "=": () => changeSpeed(1),
