@@ -21,16 +21,27 @@ def check_html(html, prompts, batch_size, decoders, verifier, backend, K, draft_
         return None
     if not isinstance(html, str) or not html or os.path.isdir(html):
         raise ValueError(f"--html needs the path of a file to write, got {html!r}")
-    why = ("a batch" if isinstance(prompts, (list, tuple)) and len(prompts) > 1 or batch_size not in (None, 1)
-           else "--decoder without speculative" if "speculative" not in decoders
-           else f"--verifier {verifier}" if verifier not in VERIFIERS else f"--backend {backend}" if backend != "numpy"
-           else "--K auto" if K == "auto" else f"--draft_model_size {draft_model_size}"
-           if draft_model_size in WITHOUT_A_MODEL else None)
-    if why:
+    unshown = what_the_page_cannot_show(prompts, batch_size, decoders, verifier, backend, K, draft_model_size)
+    if unshown:
         raise ValueError(f"--html replays token or block verification on one sequence with a draft model on the "
-                         f"NumPy backend: it cannot show {why}")
+                         f"NumPy backend: it cannot show {unshown}")
     check_writable(html)
     return html
+
+
+def what_the_page_cannot_show(prompts, batch_size, decoders, verifier, backend, K, draft_model_size):
+    """The first flag that asks for a run the replay cannot show, in words; None if it can show the run."""
+    if isinstance(prompts, (list, tuple)) and len(prompts) > 1 or batch_size not in (None, 1):
+        return "a batch"
+    if "speculative" not in decoders:
+        return "--decoder without speculative"
+    if verifier not in VERIFIERS:
+        return f"--verifier {verifier}"
+    if backend != "numpy":  # the JAX model drafts K tokens in one device call: no call to record per token
+        return f"--backend {backend}"
+    if K == "auto" or draft_model_size in WITHOUT_A_MODEL:  # drafts that are proposed, not drawn from a model's p
+        return "--K auto" if K == "auto" else f"--draft_model_size {draft_model_size}"
+    return None
 
 
 def check_writable(path):

@@ -123,6 +123,8 @@ def test_text_pieces_keep_a_split_character_whole():
     (["--html", "run.html", "--K", "auto"], "it cannot show --K auto"),
     (["--html", "run.html", "--decoder", "autoregressive"], "it cannot show --decoder without speculative"),
     (["--html", "run.html", "--batch_size", "2"], "it cannot show a batch"),
+    (["--html", "run.html", "--backend", "jax"], "it cannot show --backend jax"),
+    (["--html", "run.html", "--draft_model_size", "prompt-lookup"], "it cannot show --draft_model_size prompt-lookup"),
 ])
 def test_html_errors_come_before_any_model_loads(flags, message, tmp_path):
     # a models folder that does not exist: an error about the page proves the check came first
