@@ -22,7 +22,7 @@ import json as jsonlib
 import sys
 
 import utils
-from cli import backends, flags, report, runs
+from cli import backends, flags, html_page, report, runs
 
 # The bundled pair's first run: a function it writes with accepted stretches and corrections, where prompts
 # into its loops (text it repeats) accept nearly everything and teach nothing. It ends after the docstring,
@@ -35,7 +35,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0,
          seed=123, decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32", batch_size=None, threads=None, verifier="token", n_drafts=None, replacement=False,
-         tree_drafts=None, exit_layer=None, tree_nodes=None, verbose=False):
+         tree_drafts=None, exit_layer=None, tree_nodes=None, verbose=False, html=None):
     """Run the chosen decoders on one prompt (or a batch); print the report, or with json=True a JSON object.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted generation,
@@ -49,13 +49,15 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts: sampled, top_k or
     lookup (None: lookup with prompt-lookup, else sampled), or dynamic (eagle's and medusa's own tree, of
     tree_nodes nodes; None: drafters.load.DEFAULT_N_NODES). exit_layer: the layers an early-exit draft runs (None: a
-    quarter). verbose: the report adds each run's counts and costs and the engine. Returns the result dict that
-    --json prints.
+    quarter). verbose: the report adds each run's counts and costs and the engine. html: a path, where a page that
+    replays one more speculative run is written (cli/html_page.py). Returns the result dict that --json prints.
     """
     run = flags.check_run(**locals())  # every flag, checked before a model loads
     report.announce(run)  # on a terminal, at once: what the next seconds are spent on
     encoder, rows, draft, target = load_models(run)
     result, stats = runs.compare_decoders(run, rows, draft, target, encoder)
+    if run.html:  # a page that replays one more speculative run, loop by loop
+        html_page.write_html(run, rows[0], draft, target, encoder, result)
     if json:
         print(jsonlib.dumps(result))
     else:

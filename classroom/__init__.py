@@ -8,6 +8,7 @@ catches where the statistical one cannot, and Medusa's typical acceptance, lossy
 the drafters' bugs, EAGLE's residual at the rejected token only, which both checks catch, and wiring mistakes of the
 drafters made from the target, patches of drafters/ that stay exact and can only change acceptance (drafter_zoo.py);
 the automatic checks of notebook 9's exercises
-(exercise_checks.py); and models that record each call's time and KV-cache work, for notebook 3's timeline
-of a run (timeline.py). It uses only gpt2.py's and sampling.py's public pieces and the verifiers and drafters it checks.
+(exercise_checks.py); models that record each call's time and KV-cache work (calls.py), for notebook 3's timeline
+of a run (timeline.py); and the page that replays one run in a browser, loop by loop (trace.py, page.py, page/).
+It uses only gpt2.py's and sampling.py's public pieces and the verifiers and drafters it checks.
 """

@@ -1,6 +1,6 @@
 """What one speculative run did, call by call: notebook 3's timeline, acceptance strip and KV-cache table.
 
-`RecordingModel` wraps a gpt2.GPT2Model and gives the decoders the same logits, while it appends one `Call`
+`RecordingModel` (calls.py) wraps a gpt2.GPT2Model and gives the decoders the same logits, while it appends one `Call`
 per forward pass to a list shared by the draft and the target: when it started and ended, how many positions
 it scored, and what the KV cache did (how many tokens it held, the prefix it kept, how many tokens it fed).
 SpeculativeStats keeps only totals; these records let a class see each loop of Algorithm 2 (Chen et al. 2023):
@@ -9,51 +9,16 @@ alpha comes from, token by token (`plot_acceptance_strip`, `acceptance_runs`, `a
 cache rolling back after a rejection (`cache_rows`, `format_cache_table`).
 """
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from kvcache import contract
+from classroom.calls import Call, RecordingModel  # noqa: F401 (notebook 3 wraps its models in timeline's)
 
 ORIGIN_COLOURS = {"accepted": "#9be39b", "corrected": "#ffb27a", "bonus": "#8cc4ff", "target": "#cdb4f0"}
 CALL_COLOURS = {"draft": "#999999", "target": "#444444"}
 LOOP_ENDS = ("corrected", "bonus", "target")  # each loop ends with exactly one token of these origins
-
-
-@dataclass
-class Call:
-    role: str  # "draft" or "target"
-    start: float  # time.perf_counter() seconds
-    end: float
-    n_last: int  # positions scored: 1 for a draft step, K + 1 for a verification
-    cached_before: int  # tokens the KV cache held before the call (len(model.cached_tokens))
-    kept: int  # the prefix of them the call kept: the cache rolls back to it
-    fed: int  # tokens fed after that prefix; the cache holds kept + fed afterwards
-
-    @property
-    def seconds(self):
-        return self.end - self.start
-
-
-class RecordingModel:
-    """A GPT2Model that appends a Call to `calls` for each forward pass; its logits are the model's own."""
-
-    def __init__(self, model, role, calls):
-        self.model, self.role, self.calls = model, role, calls
-        self.n_vocab, self.n_ctx = model.n_vocab, model.n_ctx
-
-    def reset(self):
-        self.model.reset()
-
-    def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
-        cached_before = len(self.model.cached_tokens)
-        kept, fed = contract.cache_resume(self.model.cached_tokens, np.asarray(x), n_last)  # what the call will do
-        start = time.perf_counter()
-        logits = self.model.logits(x, n_last)
-        self.calls.append(Call(self.role, start, time.perf_counter(), n_last, cached_before, kept, len(fed)))
-        return logits
 
 
 @dataclass

@@ -18,7 +18,7 @@ import sampling
 import utils
 from encoder import get_encoder
 from engine.threads import THREADS, usable_cores
-from cli import backends
+from cli import backends, html_page
 from cli.drafter_flags import TREE_GROWING_DRAFTERS, WITHOUT_A_MODEL, check_drafter
 from drafters.load import DEFAULT_N_NODES
 from speedup import drafts
@@ -68,17 +68,19 @@ FLAG_HELP = {
     "dtype": ("NAME", "float32, or bfloat16 with --backend jax"),
     "batch_size": ("INT", "sequences decoded at once: B copies of the prompt, row i with seed + i (--prompt given "
                           "several times: one row each)"),
+    "html": ("PATH", "also write a page that replays one more speculative run loop by loop, in a browser, with no "
+                     "network (classroom/page.py; docs/run.html is the bundled pair's)"),
     "threads": ("INT", "threads a matrix product may be split over, where measured faster (default: every core; 1: "
                        "one thread, as before engine/threads.py)"),
 }
 FLAGS = tuple(FLAG_HELP)
 BOOLEAN_FLAGS = ("json", "color", "replacement", "verbose")
 STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir", "decoder", "backend", "dtype",
-                "verifier", "tree_drafts")
+                "verifier", "tree_drafts", "html")
 # fire's one-letter -x names the only flag starting with x; the flags added later take no part, so that -n, -r and
 # -v still name --n_tokens_to_generate, --repeats and --verifier
 ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "replacement", "tree_drafts", "verbose",
-                                                                 "exit_layer", "tree_nodes"))
+                                                                 "exit_layer", "tree_nodes", "html"))
 VERIFIERS = ("token", "block", "multi", "tree")
 SEVERAL_DRAFTS = ("multi", "tree")  # the verifiers that take --n_drafts > 1
 DEFAULT_N_DRAFTS = 3  # multi and tree, when --n_drafts is not given
@@ -180,6 +182,7 @@ class Run:
     settings: sampling.SamplingSettings
     models_dir: str
     flags: dict  # draft, target, K, temperature, top_k, top_p, seed, n_tokens, repeats, backend, dtype, verifier...
+    html: str = None  # --html's path: the page that replays the run (cli/html_page.py)
 
     @property
     def batch(self):
@@ -188,7 +191,7 @@ class Run:
 
 def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size, models_dir, K, temperature, top_k,
               top_p, seed, decoder, repeats, backend, dtype, batch_size, threads, verifier, n_drafts, replacement,
-              tree_drafts, exit_layer, tree_nodes, **report_flags):
+              tree_drafts, exit_layer, tree_nodes, html=None, **report_flags):
     """main()'s arguments, every one checked before any model is loaded, and --threads set: -> a Run.
 
     report_flags (json, color, verbose) only choose how the result is printed."""
@@ -196,6 +199,7 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
     check_flags(n_tokens_to_generate, K, seed, repeats, decoders, temperature, backend, dtype)
     settings = sampling.SamplingSettings(temperature, top_k, top_p)  # raises on a bad temperature, top_k or top_p
     n_drafts, tree_drafts = check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, draft_model_size)
+    html = html_page.check_html(html, prompt, batch_size, decoders, verifier, backend, K, draft_model_size)
     prompts = list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
     for text in prompts:
         check_strings(None, prompt=text)
@@ -213,7 +217,7 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
              "backend": backend, "dtype": dtype, "verifier": verifier, "n_drafts": n_drafts,
              "replacement": replacement, "tree_drafts": tree_drafts, "exit_layer": exit_layer,
              "tree_nodes": tree_nodes}
-    return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags)
+    return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags, html)
 
 
 def parse_decoders(decoder):
@@ -368,7 +372,7 @@ def usage(main, examples):
     defaults = {name: parameter.default for name, parameter in inspect.signature(main).parameters.items()}
     described_defaults = {"models_dir": "models/ beside main.py", "json": "off", "verbose": "off",
                           "color": "on a terminal, unless NO_COLOR is set", "batch_size": "1, or one row per --prompt",
-                          "threads": "every usable core", "replacement": "off",
+                          "threads": "every usable core", "replacement": "off", "html": "off",
                           "n_drafts": f"1; {DEFAULT_N_DRAFTS} with --verifier multi or tree",
                           "tree_drafts": "sampled; lookup with prompt-lookup",
                           "exit_layer": "a quarter of the target's layers",

@@ -34,7 +34,7 @@ os.environ["SPECULATIVE_KIT_CACHE"] = tempfile.mkdtemp(prefix="speculative-kit-c
 SLOW_FILES = {"test_notebooks.py", "test_bench.py", "test_gpu_bench.py", "test_verifier_gains.py",
               "test_text_quality.py", "test_readme.py", "test_commands.py", "test_pack_corpus.py", "test_distill_draft.py",
               "test_unlikelihood_target.py", "test_train_bpe.py", "test_corpus_packages.py", "test_device_loop.py",
-              "test_jax_backend.py", "test_train_heads.py"}
+              "test_jax_backend.py", "test_train_heads.py", "test_page_browser.py"}
 
 
 def pytest_cmdline_main(config):
