@@ -52,7 +52,7 @@ FLAG_HELP = {
     "replacement": (None, "multi and tree's sampled drafts drawn independently (SpecInfer) rather than with distinct "
                           "first tokens (RSD)"),
     "tree_drafts": ("NAME", "how --verifier tree grows its tree: sampled (the drafts of multi), top_k (the draft's "
-                            "--n_drafts likeliest tokens at every node, to depth K), lookup (--n_drafts prompt-lookup "
+                            "--n_drafts likeliest tokens at every node, to depth K; not with eagle or medusa), lookup (--n_drafts prompt-lookup "
                             "matches, with --draft_model_size prompt-lookup) or dynamic (grown by the drafter: "
                             "eagle, medusa)"),
     "exit_layer": ("INT", "with --draft_model_size early-exit: the target's layers the draft runs before reading out "
@@ -270,6 +270,9 @@ def check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, dr
         if tree_drafts == "dynamic" and draft_model_size not in TREE_GROWING_DRAFTERS:
             raise ValueError(f"--tree_drafts dynamic needs a drafter that grows its own tree: --draft_model_size "
                              f"{' or '.join(TREE_GROWING_DRAFTERS)}")
+        if tree_drafts == "top_k" and draft_model_size in TREE_GROWING_DRAFTERS:
+            raise ValueError(f"--tree_drafts top_k ranks a draft model's likeliest tokens at every node, and "
+                             f"{draft_model_size} grows a tree of its own: use --tree_drafts dynamic")
         if tree_drafts == "lookup" and not lookup:
             raise ValueError("--tree_drafts lookup needs --draft_model_size prompt-lookup")
         if tree_drafts != "lookup" and lookup:

@@ -66,6 +66,9 @@ def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
      "--tree_nodes must be an integer >= 1, got 0"),
     (dict(draft_model_size="kangaroo", verifier="tree", tree_drafts="dynamic"), "needs a drafter that grows its own"),
     (dict(draft_model_size="medusa", batch_size=2), "nor eagle, medusa or kangaroo"),
+    (dict(draft_model_size="eagle", verifier="tree", tree_drafts="top_k"), "eagle grows a tree of its own: use "
+                                                                           "--tree_drafts dynamic"),
+    (dict(draft_model_size="medusa", verifier="tree", tree_drafts="top_k", backend="jax"), "use --tree_drafts dynamic"),
 ])
 def test_flags_that_do_not_go_with_a_drafter_are_refused_before_loading(keywords, message):
     with pytest.raises(ValueError, match=message):
@@ -86,3 +89,10 @@ def test_a_head_trained_on_another_target_is_refused_before_loading(tmp_path, mo
                       "--n_tokens_to_generate", "4", models_dir=tmp_path)
     assert_short_error(result, f"--draft_model_size eagle: its head ({tmp_path / 'teach-eagle'}) was trained on a "
                                "target of {'n_vocab': 4096")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_top_k_tree_from_eagle_is_refused_in_one_line_naming_the_dynamic_tree(backend):
+    result = run_main("--draft_model_size", "eagle", "--verifier", "tree", "--tree_drafts", "top_k", "--backend", backend)
+    assert_short_error(result, "error: --tree_drafts top_k ranks a draft model's likeliest tokens at every node, and "
+                               "eagle grows a tree of its own: use --tree_drafts dynamic")
