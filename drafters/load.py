@@ -8,7 +8,7 @@ from pathlib import Path
 
 from drafters.eagle2 import EagleTree
 from drafters.early_exit import EARLY_EXIT, EarlyExit
-from drafters.heads import load_head
+from drafters.heads import load_head, trained_on
 from drafters.kangaroo import AdaptedEarlyExit
 from drafters.medusa import MedusaDraft
 from verifiers.tree import DEFAULT_N_NODES
@@ -24,10 +24,11 @@ def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=Non
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
     if name == EARLY_EXIT:
         return EarlyExit(target, exit_layer)
-    head, info = load_head(Path(models_dir) / HEAD_FOLDERS[name], drafter=name)
-    if info.get("target_hparams") != target.hparams:
-        raise ValueError(f"the {name} head in {Path(models_dir) / HEAD_FOLDERS[name]} was trained on a target of "
-                         f"{info.get('target_hparams')}, not this one ({target.hparams})")
+    folder = Path(models_dir) / HEAD_FOLDERS[name]
+    head, info = load_head(folder, drafter=name)
+    if trained_on(folder, info) != target.hparams:
+        raise ValueError(f"the {name} head in {folder} was trained on a target of {info['target_hparams']}, not this "
+                         f"one ({target.hparams})")
     n_nodes = DEFAULT_N_NODES if n_nodes is None else n_nodes
     if name == "eagle":
         return EagleTree(target, head, n_nodes)

@@ -96,3 +96,18 @@ def test_a_top_k_tree_from_eagle_is_refused_in_one_line_naming_the_dynamic_tree(
     result = run_main("--draft_model_size", "eagle", "--verifier", "tree", "--tree_drafts", "top_k", "--backend", backend)
     assert_short_error(result, "error: --tree_drafts top_k ranks a draft model's likeliest tokens at every node, and "
                                "eagle grows a tree of its own: use --tree_drafts dynamic")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "head.json holds a JSON list, not an object with the head's \"drafter\" and \"target\""),
+    ('{"drafter": "eagle", "targ', "head.json is not valid JSON (Unterminated string starting at"),
+    ('{"drafter": "eagle"}', 'head.json lacks "target_hparams", the shape of the target the head was trained on'),
+])
+def test_a_broken_head_json_is_one_line_naming_the_file_before_loading(tmp_path, text, message):
+    (tmp_path / "teach-target").symlink_to(f"{main.flags.BUNDLED_MODELS_DIR}/teach-target")
+    (tmp_path / "teach-eagle").mkdir()
+    (tmp_path / "teach-eagle" / "head.safetensors").symlink_to(f"{main.flags.BUNDLED_MODELS_DIR}/teach-eagle/"
+                                                               "head.safetensors")
+    (tmp_path / "teach-eagle" / "head.json").write_text(text)
+    result = run_main("--draft_model_size", "eagle", "--n_tokens_to_generate", "4", models_dir=tmp_path)
+    assert_short_error(result, f"error: {tmp_path / 'teach-eagle'}/{message}")
