@@ -9,6 +9,8 @@ import shutil
 import pytest
 
 import main
+from conftest import REPO
+from encoder import get_encoder
 from drafters.load import DEFAULT_N_NODES, HEAD_FOLDERS
 from helpers import assert_short_error, run_main
 
@@ -43,6 +45,19 @@ def test_each_drafter_writes_the_autoregressive_tokens_and_reports_its_costs(cap
     else:
         assert speculative["expected_speedup"] is None and "formula models token verification, not" in out
         assert f"a token tree of {tree_nodes} nodes grown by {keywords['draft_model_size']}" in out
+
+
+def test_medusas_tree_decodes_up_to_the_end_of_the_context():
+    """The last loops' trees are trimmed to the room left in the target's context of 512 tokens, as EAGLE-2's are
+    (tests/test_drafters_eagle2.py)."""
+    encoder = get_encoder(*(f"{main.flags.BUNDLED_MODELS_DIR}/teach-target/{file}" for file in ("encoder.json",
+                                                                                              "vocab.bpe")))
+    prompt = encoder.decode(encoder.encode((REPO / "sampling.py").read_text())[:504])
+    N = 512 - len(encoder.encode(prompt))
+    result = main.main(prompt=prompt, n_tokens_to_generate=N, K=4, temperature=0, repeats=1, json=True,
+                       draft_model_size="medusa", verifier="tree", tree_drafts="dynamic")
+    assert result["speculative"]["new_tokens"] == result["autoregressive"]["new_tokens"]
+    assert len(result["speculative"]["new_tokens"]) == N >= 6
 
 
 @pytest.mark.parametrize("name", ["eagle", "medusa"])
