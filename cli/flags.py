@@ -57,8 +57,8 @@ FLAG_HELP = {
                             "eagle, medusa)"),
     "exit_layer": ("INT", "with --draft_model_size early-exit: the target's layers the draft runs before reading out "
                           "through the target's final norm and unembedding, 1 .. n_layer - 1"),
-    "tree_nodes": ("INT", "with --tree_drafts dynamic: the nodes of the tree eagle or medusa grows, verified in one "
-                          "target call"),
+    "tree_nodes": ("INT", "with --tree_drafts dynamic: the budget of nodes of the tree eagle or medusa grows, "
+                          "verified in one target call"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
     "json": (None, "print one JSON object instead of the report"),
     "verbose": (None, "add to the report each run's counts and costs, the costs measured before the runs and the "

@@ -11,6 +11,7 @@ import pytest
 import main
 from conftest import REPO
 from encoder import get_encoder
+from drafters.eagle2 import EagleTree
 from drafters.load import DEFAULT_N_NODES, HEAD_FOLDERS
 from helpers import assert_short_error, run_main
 
@@ -44,7 +45,33 @@ def test_each_drafter_writes_the_autoregressive_tokens_and_reports_its_costs(cap
         assert speculative["expected_speedup"] > 0 and "the formula expects" in out
     else:
         assert speculative["expected_speedup"] is None and "formula models token verification, not" in out
-        assert f"a token tree of {tree_nodes} nodes grown by {keywords['draft_model_size']}" in out
+        held = speculative["tree_nodes_per_loop"]
+        assert 1 <= held <= tree_nodes
+        assert (f"a token tree grown by {keywords['draft_model_size']} within a budget of {tree_nodes} nodes "
+                f"({held:.1f} held per loop on average)") in " ".join(out.split())
+
+
+def test_the_report_says_how_many_nodes_the_tree_held_not_the_budget(capsys, monkeypatch):
+    """--tree_nodes is a budget: EAGLE-2's tree at K 3 with 3 children a node holds at most 3 + 2 * 9 = 21 nodes."""
+    sizes, draft_tree = [], EagleTree.draft_tree
+
+    def recorded(self, *arguments):
+        tree = draft_tree(self, *arguments)
+        sizes.append(len(tree.tokens))
+        return tree
+
+    monkeypatch.setattr(EagleTree, "draft_tree", recorded)
+    result = main.main(prompt=PROMPT, n_tokens_to_generate=8, K=3, temperature=0, repeats=1, color=False,
+                       draft_model_size="eagle", verifier="tree", tree_drafts="dynamic", tree_nodes=100000,
+                       verbose=True)
+    out = " ".join(capsys.readouterr().out.split())
+    grown = [size for size in sizes if size]
+    held = result["speculative"]["tree_nodes_per_loop"]
+    assert held == pytest.approx(sum(grown) / len(grown)) and max(grown) <= 21
+    assert f"within a budget of 100000 nodes ({held:.1f} held per loop on average)" in out
+    # --verbose counts a tree's nodes and children, not "drafts per loop"
+    assert f"{result['speculative']['drafted']} tree nodes drafted (up to 3 children a node," in out
+    assert "drafts per loop" not in out
 
 
 def test_medusas_tree_decodes_up_to_the_end_of_the_context():
