@@ -203,6 +203,7 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
     B = batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier)
     set_threads(threads)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
+    check_draft_name(draft_model_size, models_dir)
     exit_layer, tree_nodes = check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer,
                                            tree_nodes, tree_drafts)
     for name in ([] if draft_model_size in WITHOUT_A_MODEL else [draft_model_size]) + [target_model_size]:
@@ -214,6 +215,18 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
              "replacement": replacement, "tree_drafts": tree_drafts, "exit_layer": exit_layer,
              "tree_nodes": tree_nodes}
     return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags)
+
+
+def check_draft_name(draft_model_size, models_dir):
+    """--draft_model_size names a model folder or a drafter that needs none; a name that is neither is refused with
+    both lists, the folders (utils.model_directory's) and the drafters."""
+    if draft_model_size in WITHOUT_A_MODEL:
+        return
+    try:
+        utils.model_directory(draft_model_size, models_dir)
+    except utils.ModelNameError as error:
+        raise utils.ModelNameError(f"--draft_model_size: {error}; or a drafter without a folder of its own: "
+                                   f"{', '.join(WITHOUT_A_MODEL)}") from None
 
 
 def parse_decoders(decoder):

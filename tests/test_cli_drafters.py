@@ -153,3 +153,10 @@ def test_a_broken_head_json_is_one_line_naming_the_file_before_loading(tmp_path,
     (tmp_path / "teach-eagle" / "head.json").write_text(text)
     result = run_main("--draft_model_size", "eagle", "--n_tokens_to_generate", "4", models_dir=tmp_path)
     assert_short_error(result, f"error: {tmp_path / 'teach-eagle'}/{message}")
+
+
+def test_an_unknown_draft_lists_the_model_folders_and_the_drafters_without_one():
+    result = run_main("--draft_model_size", "bogus")
+    assert_short_error(result, f"error: --draft_model_size: no model 'bogus' in {main.flags.BUNDLED_MODELS_DIR}; "
+                               "present: teach-draft, teach-target; downloadable: 124M, 355M, 774M, 1558M; or a "
+                               "drafter without a folder of its own: prompt-lookup, early-exit, eagle, medusa, kangaroo")
