@@ -4,6 +4,7 @@ eagle's and medusa's own tree (--verifier tree --tree_drafts dynamic). The heads
 that at temperature 0 every run writes the autoregressive tokens and reports its costs, and that bad flags are
 refused in one line."""
 
+import inspect
 import shutil
 
 import pytest
@@ -12,7 +13,7 @@ import main
 from conftest import REPO
 from encoder import get_encoder
 from drafters.eagle2 import EagleTree
-from drafters.load import DEFAULT_N_NODES, HEAD_FOLDERS
+from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
 from helpers import assert_short_error, run_main
 
 PROMPT = "def add(a, b):"
@@ -160,3 +161,18 @@ def test_an_unknown_draft_lists_the_model_folders_and_the_drafters_without_one()
     assert_short_error(result, f"error: --draft_model_size: no model 'bogus' in {main.flags.BUNDLED_MODELS_DIR}; "
                                "present: teach-draft, teach-target; downloadable: 124M, 355M, 774M, 1558M; or a "
                                "drafter without a folder of its own: prompt-lookup, early-exit, eagle, medusa, kangaroo")
+
+
+def test_the_cli_page_names_the_drafters_refused_with_jax_as_the_checks_refuse_them():
+    defaults = {name: flag.default for name, flag in inspect.signature(main.main).parameters.items()}
+    refused, running = [], []
+    for name in DRAFTERS:
+        try:
+            main.flags.check_run(**{**defaults, "draft_model_size": name, "backend": "jax"})  # loads no model
+            running.append(name)
+        except ValueError as error:
+            assert "it needs --backend numpy" in str(error)
+            refused.append(name)
+    page = " ".join((REPO / "docs" / "CLI.md").read_text(encoding="utf-8").split())
+    assert (f"{' or '.join(refused)}, which share the NumPy target's cache, with `--backend jax` "
+            f"({' and '.join(running)} run there)") in page
