@@ -203,9 +203,9 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
     B = batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier)
     set_threads(threads)
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
-    check_draft_name(draft_model_size, models_dir)
     exit_layer, tree_nodes = check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer,
                                            tree_nodes, tree_drafts)
+    check_draft_name(draft_model_size, models_dir)
     for name in ([] if draft_model_size in WITHOUT_A_MODEL else [draft_model_size]) + [target_model_size]:
         for text in set(prompts):
             check_context_early(text, n_tokens_to_generate, name, models_dir)
