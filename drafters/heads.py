@@ -55,18 +55,6 @@ def save_head(folder, params, info):
     write_atomically(folder / "head.json", (json.dumps(info, indent=2) + "\n").encode())
 
 
-def load_head(folder, drafter=None):  # -> (params, info)
-    """A head saved by save_head, as float32; drafter: the kind expected (an error names what the folder holds)."""
-    folder = Path(folder)
-    missing = [name for name in ("head.safetensors", "head.json") if not (folder / name).exists()]
-    if missing:
-        raise ValueError(f"{folder} is not a drafter's head: {', '.join(missing)} missing (tools/train_heads.py "
-                         "writes them)")
-    info = read_head_info(folder, drafter)
-    tensors = SafetensorsFile(folder / "head.safetensors")
-    return unflatten({name: tensors.read(name) for name in tensors.shapes}), info
-
-
 def read_head_info(folder, drafter=None):  # -> head.json's object
     """head.json as a dict, or a one-line ValueError naming the file: not JSON (a truncated copy), not a JSON
     object, or a head of another drafter than `drafter` (when given)."""
@@ -92,3 +80,15 @@ def trained_on(folder, info):  # -> the hparams of the target the head was train
         raise ValueError(f"{Path(folder) / 'head.json'} lacks \"target_hparams\", the shape of the target the head "
                          "was trained on (tools/train_heads.py writes it)")
     return hparams
+
+
+def load_head(folder, drafter=None):  # -> (params, info)
+    """A head saved by save_head, as float32; drafter: the kind expected (an error names what the folder holds)."""
+    folder = Path(folder)
+    missing = [name for name in ("head.safetensors", "head.json") if not (folder / name).exists()]
+    if missing:
+        raise ValueError(f"{folder} is not a drafter's head: {', '.join(missing)} missing (tools/train_heads.py "
+                         "writes them)")
+    info = read_head_info(folder, drafter)
+    tensors = SafetensorsFile(folder / "head.safetensors")
+    return unflatten({name: tensors.read(name) for name in tensors.shapes}), info
