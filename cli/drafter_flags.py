@@ -7,11 +7,11 @@ numpy; eagle and medusa read only the target's features, which the JAX model kee
 read their trained head from the folder drafters.load.HEAD_FOLDERS names in --models_dir.
 """
 
-import json
 import os
 
 import sampling
 import utils
+from drafters import heads
 from drafters.early_exit import EARLY_EXIT, default_exit_layer
 from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
 from speedup import drafts
@@ -35,17 +35,17 @@ def check_drafter(draft_model_size, target_model_size, models_dir, backend, exit
 
 
 def check_head_folder(name, target_model_size, models_dir):
-    """The head's folder must be there, and trained on a target of this one's shape where its hparams.json is here
-    (a folder still to be downloaded is checked when the drafter is built: drafters.load.load_drafter)."""
+    """The head's folder must be there, its head.json readable (drafters.heads.read_head_info), and trained on a
+    target of this one's shape where its hparams.json is here (a folder still to be downloaded is checked when the
+    drafter is built: drafters.load.load_drafter)."""
     folder = os.path.join(models_dir, HEAD_FOLDERS[name])
     if not all(os.path.isfile(os.path.join(folder, file)) for file in ("head.safetensors", "head.json")):
         raise ValueError(f"--draft_model_size {name} reads its trained head from {folder}, which is missing: train it "
                          f"with python tools/train_heads.py --drafter {name}")
+    trained_on = heads.trained_on(folder, heads.read_head_info(folder, drafter=name))
     path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
     if not os.path.isfile(path):
         return
-    with open(os.path.join(folder, "head.json")) as f:
-        trained_on = json.load(f).get("target_hparams")
     if trained_on != utils.load_hparams(path):
         raise ValueError(f"--draft_model_size {name}: its head ({folder}) was trained on a target of {trained_on}, not "
                          f"--target_model_size {target_model_size}'s {utils.load_hparams(path)}")

@@ -52,13 +52,13 @@ FLAG_HELP = {
     "replacement": (None, "multi and tree's sampled drafts drawn independently (SpecInfer) rather than with distinct "
                           "first tokens (RSD)"),
     "tree_drafts": ("NAME", "how --verifier tree grows its tree: sampled (the drafts of multi), top_k (the draft's "
-                            "--n_drafts likeliest tokens at every node, to depth K), lookup (--n_drafts prompt-lookup "
+                            "--n_drafts likeliest tokens at every node, to depth K; not with eagle or medusa), lookup (--n_drafts prompt-lookup "
                             "matches, with --draft_model_size prompt-lookup) or dynamic (grown by the drafter: "
                             "eagle, medusa)"),
     "exit_layer": ("INT", "with --draft_model_size early-exit: the target's layers the draft runs before reading out "
                           "through the target's final norm and unembedding, 1 .. n_layer - 1"),
-    "tree_nodes": ("INT", "with --tree_drafts dynamic: the nodes of the tree eagle or medusa grows, verified in one "
-                          "target call"),
+    "tree_nodes": ("INT", "with --tree_drafts dynamic: the budget of nodes of the tree eagle or medusa grows, "
+                          "verified in one target call"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
     "json": (None, "print one JSON object instead of the report"),
     "verbose": (None, "add to the report each run's counts and costs, the costs measured before the runs and the "
@@ -209,6 +209,7 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
     exit_layer, tree_nodes = check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer,
                                            tree_nodes, tree_drafts)
+    check_draft_name(draft_model_size, models_dir)
     for name in ([] if draft_model_size in WITHOUT_A_MODEL else [draft_model_size]) + [target_model_size]:
         for text in set(prompts):
             check_context_early(text, n_tokens_to_generate, name, models_dir)
@@ -218,6 +219,18 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
              "replacement": replacement, "tree_drafts": tree_drafts, "exit_layer": exit_layer,
              "tree_nodes": tree_nodes}
     return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags, html)
+
+
+def check_draft_name(draft_model_size, models_dir):
+    """--draft_model_size names a model folder or a drafter that needs none; a name that is neither is refused with
+    both lists, the folders (utils.model_directory's) and the drafters."""
+    if draft_model_size in WITHOUT_A_MODEL:
+        return
+    try:
+        utils.model_directory(draft_model_size, models_dir)
+    except utils.ModelNameError as error:
+        raise utils.ModelNameError(f"--draft_model_size: {error}; or a drafter without a folder of its own: "
+                                   f"{', '.join(WITHOUT_A_MODEL)}") from None
 
 
 def parse_decoders(decoder):
@@ -274,6 +287,9 @@ def check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, dr
         if tree_drafts == "dynamic" and draft_model_size not in TREE_GROWING_DRAFTERS:
             raise ValueError(f"--tree_drafts dynamic needs a drafter that grows its own tree: --draft_model_size "
                              f"{' or '.join(TREE_GROWING_DRAFTERS)}")
+        if tree_drafts == "top_k" and draft_model_size in TREE_GROWING_DRAFTERS:
+            raise ValueError(f"--tree_drafts top_k ranks a draft model's likeliest tokens at every node, and "
+                             f"{draft_model_size} grows a tree of its own: use --tree_drafts dynamic")
         if tree_drafts == "lookup" and not lookup:
             raise ValueError("--tree_drafts lookup needs --draft_model_size prompt-lookup")
         if tree_drafts != "lookup" and lookup:

@@ -114,7 +114,7 @@ def print_answer(name, result, verbose):
     if result["draft"] == drafts.PROMPT_LOOKUP:  # so that a continuation looping on itself is never sold as speed
         say(f"{100 * run['copied_fraction']:.0f}% of the continuation's 4-grams are copied from the prompt", "  ")
     if verbose:
-        print_counts(run, verifier, result["n_drafts"])
+        print_counts(run, verifier, result["n_drafts"], result["tree_drafts"])
         print_costs(run, result["autoregressive"] is not None, verifier)
 
 
@@ -200,17 +200,20 @@ def verifier_words(result):
         return "block verification"
     if verifier == "multi":
         return f"{drafts_of} by recursive rejection, {how}"
+    if result["tree_drafts"] == "dynamic":  # the budget is an upper bound: K, --n_drafts and the context cap the tree
+        held = result["speculative"]["tree_nodes_per_loop"]
+        held = "none grown" if held is None else f"{held:.1f} held per loop on average"
+        return (f"a token tree grown by {result['draft']} within a budget of {result['tree_nodes']} nodes ({held}), "
+                f"up to {n} children a node")
     return "a token tree of " + {"sampled": f"{drafts_of} {how}", "top_k": f"the draft's {n} likeliest tokens per node",
-                                 "lookup": f"{n} prompt-lookup matches",
-                                 "dynamic": f"{result['tree_nodes']} nodes grown by {result['draft']}, up to {n} "
-                                            "children a node"}[result["tree_drafts"]]
+                                 "lookup": f"{n} prompt-lookup matches"}[result["tree_drafts"]]
 
 
 def print_legend():
     print("legend: " + "  ".join(COLOURS[key] + LEGEND[key] + RESET for key in COLOURS))
 
 
-def print_counts(run, verifier="token", n_drafts=1):
+def print_counts(run, verifier="token", n_drafts=1, tree_drafts=None):
     """--verbose: what was drafted and kept, where the tokens came from, and what alpha counts."""
     if verifier == "token":
         never_judged = run["drafted"] - run["accepted"] - run["rejected"]
@@ -220,9 +223,9 @@ def print_counts(run, verifier="token", n_drafts=1):
         say(f"{run['drafted']} drafted: {run['accepted']} kept, {run['drafted'] - run['accepted']} dropped; in "
             f"{run['rejected']} loops the block was not kept whole (block verification judges it as a whole)", "  ")
     else:
-        say(f"{run['drafted']} drafted tokens (up to {n_drafts} draft{'s' if n_drafts != 1 else ''} per loop, "
-            f"{run['draft_steps_per_token']:.2f} draft steps per new token): {run['accepted']} accepted, "
-            f"{run['rejected']} loops ended by rejecting every candidate", "  ")
+        say(f"{drafted_words(run['drafted'], n_drafts, tree_drafts)}, {run['draft_steps_per_token']:.2f} draft steps "
+            f"per new token): {run['accepted']} accepted, {run['rejected']} loops ended by rejecting every candidate",
+            "  ")
     say(f"the {len(run['new_tokens'])} tokens: {run['accepted']} accepted drafts, {run['corrected']} corrections after "
         f"a rejection, {run['bonus']} bonus tokens (every draft of their loop accepted)"
         + (f", {run['plain_steps']} plain target steps (no drafts)" if run["plain_steps"] else ""), "  ")
@@ -230,6 +233,16 @@ def print_counts(run, verifier="token", n_drafts=1):
                "block": "for block verification not Algorithm 2's per-draft acceptance (verifiers/block.py)"}
     several = "per position over all its candidates, not one draft's acceptance"  # multi and tree
     say(f"alpha here is {meaning.get(verifier, several)}", "  ")
+
+
+def drafted_words(drafted, n_drafts, tree_drafts):
+    """What multi and tree drafted, in their own unit: sampled drafts' tokens, or the nodes of a tree whose
+    --n_drafts is its children per node (top_k, dynamic) or its prompt-lookup matches."""
+    if tree_drafts in ("top_k", "dynamic"):
+        return f"{drafted} tree nodes drafted (up to {n_drafts} children a node"
+    if tree_drafts == "lookup":
+        return f"{drafted} tree nodes drafted (up to {n_drafts} prompt-lookup matches per loop"
+    return f"{drafted} drafted tokens (up to {n_drafts} draft{'s' if n_drafts != 1 else ''} per loop"
 
 
 def print_costs(run, autoregressive_ran, verifier="token"):

@@ -124,9 +124,18 @@ def compare_one_sequence(run, prompt_ids, draft, target, encoder):
               **{name: results.get(name) for name in DECODERS}}
     stats = {name: stats.get(name) for name in DECODERS}  # the report follows this order
     add_run_costs(result, stats, measured)
+    if flags["tree_drafts"] == "dynamic" and result["speculative"]:
+        result["speculative"]["tree_nodes_per_loop"] = mean_tree_nodes(result["speculative"])
     add_speedups(result)
     result["engine"] = describe_engine(target)  # threads, the target's layouts, peak memory
     return result, stats
+
+
+def mean_tree_nodes(run):  # -> the nodes of a tree the drafter grew, on average over its loops; None: it grew none
+    """A dynamic tree holds what K, --n_drafts and the context left allow, often fewer nodes than --tree_nodes. Its
+    nodes are what the run counts as drafted; a loop whose tree was empty is a plain target step."""
+    trees = run["loops"] - run["plain_steps"]
+    return run["drafted"] / trees if trees else None
 
 
 def verifier_decoder(verifier, n_drafts=1, replacement=False, tree_drafts=None):

@@ -14,6 +14,8 @@ import numpy as np
 from checkpoints.atomic import write_atomically
 from checkpoints.safetensors_file import SafetensorsFile, safetensors_bytes
 
+JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
 
 def flatten(tree, prefix=""):  # nested dicts and lists of arrays -> {"a/0/b": array}
     items = tree.items() if isinstance(tree, dict) else enumerate(tree)
@@ -53,6 +55,33 @@ def save_head(folder, params, info):
     write_atomically(folder / "head.json", (json.dumps(info, indent=2) + "\n").encode())
 
 
+def read_head_info(folder, drafter=None):  # -> head.json's object
+    """head.json as a dict, or a one-line ValueError naming the file: not JSON (a truncated copy), not a JSON
+    object, or a head of another drafter than `drafter` (when given)."""
+    path = Path(folder) / "head.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # json's errors, and bytes that are not UTF-8
+        raise ValueError(f"{path} is not valid JSON ({error}): copy or train the head again") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} holds a JSON {JSON_KINDS[type(info)]}, not an object with the head's \"drafter\" "
+                         "and \"target\"")
+    if drafter is not None and "drafter" not in info:
+        raise ValueError(f"{path} names no \"drafter\" ({drafter} expected)")
+    if drafter is not None and info["drafter"] != drafter:
+        raise ValueError(f"{path} holds a {info['drafter']} head, not {drafter}")
+    return info
+
+
+def trained_on(folder, info):  # -> the hparams of the target the head was trained on
+    """head.json's "target_hparams", or a one-line ValueError naming the file when it lacks them."""
+    hparams = info.get("target_hparams")
+    if not isinstance(hparams, dict):
+        raise ValueError(f"{Path(folder) / 'head.json'} lacks \"target_hparams\", the shape of the target the head "
+                         "was trained on (tools/train_heads.py writes it)")
+    return hparams
+
+
 def load_head(folder, drafter=None):  # -> (params, info)
     """A head saved by save_head, as float32; drafter: the kind expected (an error names what the folder holds)."""
     folder = Path(folder)
@@ -60,9 +89,7 @@ def load_head(folder, drafter=None):  # -> (params, info)
     if missing:
         raise ValueError(f"{folder} is not a drafter's head: {', '.join(missing)} missing (tools/train_heads.py "
                          "writes them)")
-    info = json.loads((folder / "head.json").read_text())
-    if drafter is not None and info.get("drafter") != drafter:
-        raise ValueError(f"{folder} holds a {info.get('drafter')} head, not {drafter}")
+    info = read_head_info(folder, drafter)
     tensors = SafetensorsFile(folder / "head.safetensors")
     return unflatten({name: tensors.read(name) for name in tensors.shapes}), info
 

@@ -1,33 +1,38 @@
 """A drafter made from the target, by name: what main.py's --draft_model_size and bench/spec_bench.py build.
 
-early-exit needs nothing but the target; eagle, medusa and kangaroo read their trained heads from models/ (written
-by tools/train_heads.py, kept by drafters/heads.py), which must have been trained on this very target's shape.
+early-exit needs nothing but the target; eagle, medusa and kangaroo read their trained heads from the kit's models/
+(or another folder given; written by tools/train_heads.py, kept by drafters/heads.py), which must have been trained
+on this very target's shape.
 """
 
 from pathlib import Path
 
+import gpt2
 from drafters.eagle2 import EagleTree
 from drafters.early_exit import EARLY_EXIT, EarlyExit
-from drafters.heads import load_head
+from drafters.heads import load_head, trained_on
 from drafters.kangaroo import AdaptedEarlyExit
 from drafters.medusa import MedusaDraft
 from verifiers.tree import DEFAULT_N_NODES
 
 HEAD_FOLDERS = {"eagle": "teach-eagle", "medusa": "teach-medusa", "kangaroo": "teach-kangaroo"}
 DRAFTERS = (EARLY_EXIT, *HEAD_FOLDERS)
+BUNDLED_MODELS_DIR = Path(gpt2.__file__).resolve().parent / "models"  # beside the kit's code, wherever it runs from
 
 
-def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=None):
-    """The drafter `name` (one of DRAFTERS) on `target`, a NumPy gpt2.GPT2Model. exit_layer: early-exit's (kangaroo
-    reads its own from the head); n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic)."""
+def load_drafter(name, target, models_dir=None, exit_layer=None, n_nodes=None):
+    """The drafter `name` (one of DRAFTERS) on `target`, a NumPy gpt2.GPT2Model. models_dir: the folder of the heads'
+    folders, None for the kit's bundled models/; exit_layer: early-exit's (kangaroo reads its own from the head);
+    n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic)."""
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
     if name == EARLY_EXIT:
         return EarlyExit(target, exit_layer)
-    head, info = load_head(Path(models_dir) / HEAD_FOLDERS[name], drafter=name)
-    if info.get("target_hparams") != target.hparams:
-        raise ValueError(f"the {name} head in {Path(models_dir) / HEAD_FOLDERS[name]} was trained on a target of "
-                         f"{info.get('target_hparams')}, not this one ({target.hparams})")
+    folder = Path(BUNDLED_MODELS_DIR if models_dir is None else models_dir) / HEAD_FOLDERS[name]
+    head, info = load_head(folder, drafter=name)
+    if trained_on(folder, info) != target.hparams:
+        raise ValueError(f"the {name} head in {folder} was trained on a target of {info['target_hparams']}, not this "
+                         f"one ({target.hparams})")
     n_nodes = DEFAULT_N_NODES if n_nodes is None else n_nodes
     if name == "eagle":
         return EagleTree(target, head, n_nodes)

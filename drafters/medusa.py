@@ -159,8 +159,9 @@ class MedusaDraft:
 
     def draft_tree(self, x, K, n_drafts, settings, stats):  # -> TokenTree of chosen tokens, depth min(K, n_heads)
         """Medusa's sparse tree: each head's top n_drafts tokens by its untempered p, and the n_nodes paths of
-        highest expected acceptance. settings is not read: chosen tokens are verified by the one-hot rule, which
-        is exact whatever ranked them, and an untempered ranking keeps the tree at temperature 0."""
+        highest expected acceptance (fewer where the target's context after x has less room). settings is not read:
+        chosen tokens are verified by the one-hot rule, which is exact whatever ranked them, and an untempered
+        ranking keeps the tree at temperature 0."""
         started = time.perf_counter()
         x = np.asarray(x, dtype=np.int64)
         depth, tree = self.depth(x, K), TokenTree()
@@ -173,7 +174,7 @@ class MedusaDraft:
             own = np.take_along_axis(probs, ranked, axis=-1)  # [depth, n_drafts]
             confidence = own if self.accuracies is None else np.where(own > 0, self.accuracies[:depth, :n_drafts], 0)
             nodes = {(): -1}
-            for path in best_paths(confidence, self.n_nodes):
+            for path in best_paths(confidence, min(self.n_nodes, self.n_ctx - len(x))):  # the context left after x
                 nodes[path] = tree.add_choice(nodes[path[:-1]], ranked[len(path) - 1, path[-1]])
         stats.record_call("draft", time.perf_counter() - started, steps=depth)
         return tree

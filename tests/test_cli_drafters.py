@@ -4,12 +4,16 @@ eagle's and medusa's own tree (--verifier tree --tree_drafts dynamic). The heads
 that at temperature 0 every run writes the autoregressive tokens and reports its costs, and that bad flags are
 refused in one line."""
 
+import inspect
 import shutil
 
 import pytest
 
 import main
-from drafters.load import DEFAULT_N_NODES, HEAD_FOLDERS
+from conftest import REPO
+from encoder import get_encoder
+from drafters.eagle2 import EagleTree
+from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
 from helpers import assert_short_error, run_main
 
 PROMPT = "def add(a, b):"
@@ -42,7 +46,46 @@ def test_each_drafter_writes_the_autoregressive_tokens_and_reports_its_costs(cap
         assert speculative["expected_speedup"] > 0 and "the formula expects" in out
     else:
         assert speculative["expected_speedup"] is None and "formula models token verification, not" in out
-        assert f"a token tree of {tree_nodes} nodes grown by {keywords['draft_model_size']}" in out
+        held = speculative["tree_nodes_per_loop"]
+        assert 1 <= held <= tree_nodes
+        assert (f"a token tree grown by {keywords['draft_model_size']} within a budget of {tree_nodes} nodes "
+                f"({held:.1f} held per loop on average)") in " ".join(out.split())
+
+
+def test_the_report_says_how_many_nodes_the_tree_held_not_the_budget(capsys, monkeypatch):
+    """--tree_nodes is a budget: EAGLE-2's tree at K 3 with 3 children a node holds at most 3 + 2 * 9 = 21 nodes."""
+    sizes, draft_tree = [], EagleTree.draft_tree
+
+    def recorded(self, *arguments):
+        tree = draft_tree(self, *arguments)
+        sizes.append(len(tree.tokens))
+        return tree
+
+    monkeypatch.setattr(EagleTree, "draft_tree", recorded)
+    result = main.main(prompt=PROMPT, n_tokens_to_generate=8, K=3, temperature=0, repeats=1, color=False,
+                       draft_model_size="eagle", verifier="tree", tree_drafts="dynamic", tree_nodes=100000,
+                       verbose=True)
+    out = " ".join(capsys.readouterr().out.split())
+    grown = [size for size in sizes if size]
+    held = result["speculative"]["tree_nodes_per_loop"]
+    assert held == pytest.approx(sum(grown) / len(grown)) and max(grown) <= 21
+    assert f"within a budget of 100000 nodes ({held:.1f} held per loop on average)" in out
+    # --verbose counts a tree's nodes and children, not "drafts per loop"
+    assert f"{result['speculative']['drafted']} tree nodes drafted (up to 3 children a node," in out
+    assert "drafts per loop" not in out
+
+
+def test_medusas_tree_decodes_up_to_the_end_of_the_context():
+    """The last loops' trees are trimmed to the room left in the target's context of 512 tokens, as EAGLE-2's are
+    (tests/test_drafters_eagle2.py)."""
+    encoder = get_encoder(*(f"{main.flags.BUNDLED_MODELS_DIR}/teach-target/{file}" for file in ("encoder.json",
+                                                                                              "vocab.bpe")))
+    prompt = encoder.decode(encoder.encode((REPO / "sampling.py").read_text())[:504])
+    N = 512 - len(encoder.encode(prompt))
+    result = main.main(prompt=prompt, n_tokens_to_generate=N, K=4, temperature=0, repeats=1, json=True,
+                       draft_model_size="medusa", verifier="tree", tree_drafts="dynamic")
+    assert result["speculative"]["new_tokens"] == result["autoregressive"]["new_tokens"]
+    assert len(result["speculative"]["new_tokens"]) == N >= 6
 
 
 @pytest.mark.parametrize("name", ["eagle", "medusa"])
@@ -66,6 +109,9 @@ def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
      "--tree_nodes must be an integer >= 1, got 0"),
     (dict(draft_model_size="kangaroo", verifier="tree", tree_drafts="dynamic"), "needs a drafter that grows its own"),
     (dict(draft_model_size="medusa", batch_size=2), "nor eagle, medusa or kangaroo"),
+    (dict(draft_model_size="eagle", verifier="tree", tree_drafts="top_k"), "eagle grows a tree of its own: use "
+                                                                           "--tree_drafts dynamic"),
+    (dict(draft_model_size="medusa", verifier="tree", tree_drafts="top_k", backend="jax"), "use --tree_drafts dynamic"),
 ])
 def test_flags_that_do_not_go_with_a_drafter_are_refused_before_loading(keywords, message):
     with pytest.raises(ValueError, match=message):
@@ -86,3 +132,47 @@ def test_a_head_trained_on_another_target_is_refused_before_loading(tmp_path, mo
                       "--n_tokens_to_generate", "4", models_dir=tmp_path)
     assert_short_error(result, f"--draft_model_size eagle: its head ({tmp_path / 'teach-eagle'}) was trained on a "
                                "target of {'n_vocab': 4096")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_top_k_tree_from_eagle_is_refused_in_one_line_naming_the_dynamic_tree(backend):
+    result = run_main("--draft_model_size", "eagle", "--verifier", "tree", "--tree_drafts", "top_k", "--backend", backend)
+    assert_short_error(result, "error: --tree_drafts top_k ranks a draft model's likeliest tokens at every node, and "
+                               "eagle grows a tree of its own: use --tree_drafts dynamic")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "head.json holds a JSON list, not an object with the head's \"drafter\" and \"target\""),
+    ('{"drafter": "eagle", "targ', "head.json is not valid JSON (Unterminated string starting at"),
+    ('{"drafter": "eagle"}', 'head.json lacks "target_hparams", the shape of the target the head was trained on'),
+])
+def test_a_broken_head_json_is_one_line_naming_the_file_before_loading(tmp_path, text, message):
+    (tmp_path / "teach-target").symlink_to(f"{main.flags.BUNDLED_MODELS_DIR}/teach-target")
+    (tmp_path / "teach-eagle").mkdir()
+    (tmp_path / "teach-eagle" / "head.safetensors").symlink_to(f"{main.flags.BUNDLED_MODELS_DIR}/teach-eagle/"
+                                                               "head.safetensors")
+    (tmp_path / "teach-eagle" / "head.json").write_text(text)
+    result = run_main("--draft_model_size", "eagle", "--n_tokens_to_generate", "4", models_dir=tmp_path)
+    assert_short_error(result, f"error: {tmp_path / 'teach-eagle'}/{message}")
+
+
+def test_an_unknown_draft_lists_the_model_folders_and_the_drafters_without_one():
+    result = run_main("--draft_model_size", "bogus")
+    assert_short_error(result, f"error: --draft_model_size: no model 'bogus' in {main.flags.BUNDLED_MODELS_DIR}; "
+                               "present: teach-draft, teach-target; downloadable: 124M, 355M, 774M, 1558M; or a "
+                               "drafter without a folder of its own: prompt-lookup, early-exit, eagle, medusa, kangaroo")
+
+
+def test_the_cli_page_names_the_drafters_refused_with_jax_as_the_checks_refuse_them():
+    defaults = {name: flag.default for name, flag in inspect.signature(main.main).parameters.items()}
+    refused, running = [], []
+    for name in DRAFTERS:
+        try:
+            main.flags.check_run(**{**defaults, "draft_model_size": name, "backend": "jax"})  # loads no model
+            running.append(name)
+        except ValueError as error:
+            assert "it needs --backend numpy" in str(error)
+            refused.append(name)
+    page = " ".join((REPO / "docs" / "CLI.md").read_text(encoding="utf-8").split())
+    assert (f"{' or '.join(refused)}, which share the NumPy target's cache, with `--backend jax` "
+            f"({' and '.join(running)} run there)") in page

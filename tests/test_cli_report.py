@@ -132,3 +132,14 @@ def test_a_terminal_is_told_what_runs_before_any_model_loads(models_dir, monkeyp
         with pytest.raises((ValueError, OSError), match="corrupt"):  # the checkpoint fails to load, after the line
             main.main(**keywords)
         assert stderr.getvalue() == announced
+
+
+@pytest.mark.parametrize("tree_drafts, words", [
+    (None, "12 drafted tokens (up to 3 drafts per loop"),  # multi
+    ("sampled", "12 drafted tokens (up to 3 drafts per loop"),
+    ("top_k", "12 tree nodes drafted (up to 3 children a node"),
+    ("dynamic", "12 tree nodes drafted (up to 3 children a node"),
+    ("lookup", "12 tree nodes drafted (up to 3 prompt-lookup matches per loop"),
+])
+def test_verbose_counts_a_trees_nodes_in_the_trees_own_unit(tree_drafts, words):
+    assert report.drafted_words(12, 3, tree_drafts) == words

@@ -52,6 +52,33 @@ def test_another_drafters_head_or_a_half_written_folder_is_a_clear_error(tmp_pat
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+BROKEN_HEAD_JSON = [  # (head.json's text, what the error says after naming the file)
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('{"drafter": "eagle", "targ', "is not valid JSON (Unterminated string"),
+    ("{}", 'names no "drafter" (eagle expected)'),
+    ("\xff", "is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("text, message", BROKEN_HEAD_JSON)
+def test_a_broken_head_json_is_a_one_line_error_naming_the_file(tmp_path, text, message):
+    save_head(tmp_path, {"w": np.zeros(2, np.float32)}, {"drafter": "eagle", "target": "tiny"})
+    (tmp_path / "head.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError) as error:
+        load_head(tmp_path, drafter="eagle")
+    assert str(error.value).startswith(f"{tmp_path / 'head.json'} {message}") and "\n" not in str(error.value)
+
+
+def test_a_head_json_without_the_targets_hparams_is_refused_naming_the_file(tmp_path):
+    import gpt2
+    from drafters.load import load_drafter
+
+    target = gpt2.GPT2Model(gpt2.init_params(TINY, np.random.default_rng(0)), TINY)
+    save_head(tmp_path / "teach-eagle", init_head(TINY, np.random.default_rng(1)), {"drafter": "eagle"})
+    with pytest.raises(ValueError, match=re.escape(f'{tmp_path / "teach-eagle" / "head.json"} lacks "target_hparams"')):
+        load_drafter("eagle", target, tmp_path)
+
+
 def test_load_drafter_builds_each_drafter_from_its_folder_and_refuses_a_head_of_another_target(tmp_path):
     import gpt2
     from drafters import kangaroo, medusa

@@ -211,6 +211,18 @@ def assert_greedy_tree_equals_autoregressive(tokens, drafter, target, N=16, K=4)
     assert stats.drafted > stats.loops  # more than one node a loop: a tree, even at temperature 0
 
 
+def test_the_tree_fits_the_context_left_and_decodes_up_to_its_end():
+    """TINY's n_ctx 12: after 10 tokens there is room for 2 nodes, and a run that ends at n_ctx writes the
+    autoregressive tokens through its last loops' trimmed trees."""
+    target = gpt2.GPT2Model(random_params(TINY, 3), TINY)
+    drafter = MedusaDraft(target, random_heads(TINY, 3, 2, scale=3.0), n_nodes=8)
+    x = np.array([1, 2, 0, 3, 1, 1, 2, 0, 3, 2])
+    tree = drafter.draft_tree(x, 3, 3, sampling.GREEDY, SpeculativeStats())
+    assert len(tree.tokens) == 2
+    assert target.tree_logits(x, tree.tokens, tree.parents).shape == (3, TINY["n_vocab"])
+    assert_greedy_tree_equals_autoregressive(np.array([1, 2, 0]), drafter, target, N=TINY["n_ctx"] - 3, K=3)
+
+
 def test_greedy_tree_equals_autoregressive_decoding_on_the_bundled_target(bundled):
     tokens, target, heads = bundled
     assert_greedy_tree_equals_autoregressive(tokens, MedusaDraft(target, heads, n_nodes=6), target)

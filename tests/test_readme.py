@@ -68,6 +68,14 @@ def test_the_batching_example_runs_as_a_script_outside_the_clone(tmp_path):
     assert len(rows) >= 3 and calls.endswith(" batched target calls") and int(calls.split()[0]) > 0
 
 
+def test_the_drafters_example_runs_as_a_script_outside_the_clone(tmp_path):
+    """load_drafter finds the bundled heads beside the kit's code, not in the current directory."""
+    (example,) = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"), re.S)
+    result = run_as_script_outside_the_clone(example, tmp_path)
+    assert result.returncode == 0, result.stderr  # it asserts that EAGLE's chain and Medusa's tree are exact
+    assert result.stdout.strip()
+
+
 def test_the_fresh_machine_commands_are_what_ci_runs():
     first, tests, quick = re.findall(r"^    (.+)$", README[:README.index("\n## ")], re.M)[:3]
     assert first == "pip install -e . && python main.py --K 4 --temperature 0"
