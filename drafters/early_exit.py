@@ -30,7 +30,7 @@ import numpy as np
 import gpt2
 import sampling
 from drafters.features import host_embeddings
-from kvcache.contract import cache_resume
+from kvcache.contract import cache_resume, common_prefix_length
 
 EARLY_EXIT = "early-exit"  # the draft's name where a model's would go (main.py --draft_model_size)
 
@@ -73,14 +73,30 @@ class EarlyExit:
                                        cache=self.target.cache[:self.exit_layer], start=start, taps=(self.exit_layer,))
         return states
 
+    def drafted_states(self, tokens, start):  # exit_states, kept for the target's next call (ExitDraft.add)
+        states = self.exit_states(tokens, start)
+        drafted = self.target.exit_draft
+        if drafted is not None and drafted.drafter is self and start == drafted.end:
+            drafted.add(tokens, states[0])
+        else:  # fed out of turn (not after resume): the target reuses nothing
+            self.target.exit_draft = None
+        return states
+
     def exit_logits(self, tokens, start):  # [n] fed at positions start.. -> [n, n_vocab]
-        return self.exit_states(tokens, start)[-1] @ self.unembedding  # gpt2.gpt2's read-out, cut after L blocks
+        return self.drafted_states(tokens, start)[-1] @ self.unembedding  # gpt2.gpt2's read-out, cut after L blocks
 
     def resume(self, x, n_last):  # -> (the cache position to feed from, the tokens of x to feed there)
-        """Resume after the target's cached prefix of x, and cut the target's record back to where the draft writes."""
-        start, new_tokens = cache_resume(self.target.cached_tokens, x, n_last)
+        """Resume at resume_position, cut the target's record back there (the draft rewrites its layers < L from
+        there on) and start there the ExitDraft the target's next call reuses."""
+        start = self.resume_position(x, n_last)
         self.target.cached_tokens = self.target.cached_tokens[:start]
-        return start, new_tokens
+        self.target.exit_draft = ExitDraft(self, start)
+        return start, x[start:]
+
+    def resume_position(self, x, n_last):
+        """After the target's cached prefix of x, as the target's next call resumes (Kangaroo's adapter adds its own
+        record: drafters/kangaroo.py)."""
+        return cache_resume(self.target.cached_tokens, x, n_last)[0]
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
         x = np.array(x, dtype=np.int64)
@@ -115,3 +131,34 @@ class EarlyExit:
 
     def reset(self):
         """Nothing of its own to forget: the cache and its record are the target's (reset with the target)."""
+
+
+class ExitDraft:
+    """What an early exit's draft wrote into the target's cache past the target's record, for the target's next call to
+    reuse: from slot `start` (where the draft cut the target's cached_tokens back to), the keys and values of the
+    first exit_layer blocks of `tokens`, and `h` [len(tokens), n_embd], their residual stream after those blocks. It
+    lives in target.exit_draft until the target's next forward pass, which rewrites the slots it describes."""
+
+    def __init__(self, drafter, start):
+        self.drafter, self.start = drafter, start
+        self.tokens = np.zeros(0, dtype=np.int64)
+        self.h = np.zeros((0, drafter.target.hparams["n_embd"]), dtype=np.float32)
+
+    @property
+    def end(self):  # the slot after the last the draft fed
+        return self.start + len(self.tokens)
+
+    def add(self, tokens, h):  # the draft fed tokens [n] at slots end.., h [n, n_embd] their states after the exit
+        self.tokens, self.h = np.concatenate([self.tokens, tokens]), np.concatenate([self.h, h])
+
+    def reuse(self, tokens, start):  # -> gpt2.GPT2Model.forward's {first_layer, x}, or {} where nothing is reusable
+        """For tokens the target feeds at slots start..: the leading ones the draft fed there enter block exit_layer
+        from their h (the blocks before it ran in the draft, their keys and values are cached); the rest (the last
+        draft, never fed) first run the exit's blocks through the cache, as a draft step would. Nothing is reused
+        when the target feeds from another slot, or keeps the residual stream of a block the reuse would skip."""
+        exit_layer = self.drafter.exit_layer
+        n = common_prefix_length(self.tokens, tokens) if start == self.start else 0
+        if n == 0 or any(tap <= exit_layer for tap in self.drafter.target.taps):
+            return {}
+        rest = self.drafter.exit_states(tokens[n:], start + n)[0] if n < len(tokens) else self.h[:0]
+        return {"first_layer": exit_layer, "x": np.concatenate([self.h[:n], rest])}

@@ -108,14 +108,12 @@ class AdaptedEarlyExit(EarlyExit):
         """Forget the adapter's slots: `fed` holds the tokens whose positions they hold (the target's are its own)."""
         self.fed = np.zeros(0, dtype=np.int64)
 
-    def resume(self, x, n_last):  # -> (the position to feed from, the tokens of x to feed there)
-        """Resume after the prefix of x that both the target's layers < L and the adapter hold (module docstring)."""
-        start = min(super().resume(x, n_last)[0], common_prefix_length(self.fed, x))
-        self.target.cached_tokens = self.target.cached_tokens[:start]
-        return start, x[start:]
+    def resume_position(self, x, n_last):
+        """After the prefix of x that both the target's layers < L and the adapter hold (module docstring)."""
+        return min(super().resume_position(x, n_last), common_prefix_length(self.fed, x))
 
     def exit_logits(self, tokens, start):  # [n] fed at positions start.. -> [n, n_vocab]
-        h = self.exit_states(tokens, start)[0]  # h_L [n, n_embd], through the target's cache
+        h = self.drafted_states(tokens, start)[0]  # h_L [n, n_embd], through the target's cache
         adapted = adapter_forward(h, self.adapter, self.n_head, self.adapter_cache, start)
         self.fed = np.concatenate([self.fed[:start], tokens])
         return adapted @ self.unembedding

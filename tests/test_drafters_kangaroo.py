@@ -19,7 +19,7 @@ from conftest import bundled_pair_after
 from drafters.early_exit import EarlyExit
 from drafters.kangaroo import AdaptedEarlyExit, adapter_forward, init_adapter
 from gpt2_cases import random_params
-from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
+from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive, count_reused_rows
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 
@@ -91,8 +91,8 @@ def test_adapter_forward_through_its_cache_after_a_rollback_equals_a_fresh_forwa
 class TrustsTheTarget(AdaptedEarlyExit):
     """A bug to plant: resume by the target's record alone, as EarlyExit does, trusting adapter slots never written."""
 
-    def resume(self, x, n_last):
-        return EarlyExit.resume(self, x, n_last)
+    def resume_position(self, x, n_last):
+        return EarlyExit.resume_position(self, x, n_last)
 
 
 def draft_verify_then_draft(drafter, target, tokens, keep):  # -> p of 2 drafts after tokens, the kept, a correction
@@ -163,9 +163,11 @@ def kangaroo_problems(confidence_threshold):
 
 @pytest.mark.parametrize("decoder", [sampling.speculative_sampling, block_speculative_sampling])
 @pytest.mark.parametrize("confidence_threshold", [0.0, 0.6])
-def test_the_exact_oracle_passes_the_adapted_exit_on_a_tiny_gpt2(decoder, confidence_threshold):
+def test_the_exact_oracle_passes_the_adapted_exit_on_a_tiny_gpt2(monkeypatch, decoder, confidence_threshold):
+    reused = count_reused_rows(monkeypatch)
     check = exact_law.check_exact(decoder, problems=kangaroo_problems(confidence_threshold))
     assert check.passed, check.report
+    assert max(reused) > 0  # the verifications did start at the exit
     assert check.results[0].paths > 1  # the draws did branch
 
 
