@@ -1,26 +1,35 @@
 """An early exit as the draft: the target's first L layers, then its final norm and unembedding (self-speculation).
 
-Put the papers beside this file. Draft & Verify (Zhang et al. 2023, arXiv 2309.08168) drafts with the target
-itself, skipping some of its layers, and verifies with all of them; LayerSkip (Elhoushi et al. 2024, arXiv
-2404.16710) skips the last layers, exits after layer L through the model's own head, and shares the first L
-layers' KV cache between the draft and the verification. This is LayerSkip's self-speculation, untrained: the
-draft's distribution after x is
+Put the papers beside this file. LayerSkip (Elhoushi et al. 2024, arXiv 2404.16710) drafts with the target's first
+L layers read out through the model's own head, verifies with all of them, and reuses the draft's work in the
+verification; Kangaroo (Liu et al. 2024, arXiv 2404.18911) does the same with a trained adapter on the exit
+(drafters/kangaroo.py). Draft & Verify (Zhang et al. 2023, arXiv 2309.08168) is not an early exit: its draft skips
+intermediate layers chosen by Bayesian optimisation and still runs the last ones, so no state of the draft is a state
+the verification needs. This is LayerSkip's self-speculation, untrained: the draft's distribution after x is
 
     p = logits_to_probs(layer_norm(h_L(x)) @ wte.T)     h_L: the residual stream after the target's first L blocks
 
-which is gpt2.gpt2 itself with blocks[:L] and the target's cache[:L]. There is no second copy of anything:
-the draft reads and writes the target's own KV buffers for layers < L. That is safe because keys and values
-at a position depend only on the tokens up to it: when the target scores x and the drafts, it feeds from the
-same position the draft fed from (both resume after the longest cached prefix of x, cache_resume with n_last=1
-for the draft and K+1 for the target, which ends at len(x) - 1 at the latest), so it rewrites every slot the
-draft wrote, for every layer, before any query reads it. The draft does change the target's layers < L beyond
-where it starts, so it cuts the target's record of what its cache holds (`cached_tokens`) back to that start:
-the target's next call resumes there anyway, and no later call can trust a slot the draft overwrote.
+which is gpt2.gpt2 itself with blocks[:L] and the target's cache[:L]. There is no second copy of anything: the draft
+reads and writes the target's own KV buffers for layers < L. Keys and values at a position depend only on the tokens
+up to it, so what the draft writes there is what the target would write. The draft feeds from where the target's
+next call will (both resume after the longest cached prefix of x, cache_resume with n_last=1 for the draft and K+1
+for the target), cuts the target's record of what its cache holds (`cached_tokens`) back to that position, and leaves
+beside it an ExitDraft (target.exit_draft): the tokens it fed from there and their h_L.
 
-Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned
-and enters q/p, made by sampling.logits_to_probs with the run's settings. Only speed depends on L. A draft step
-runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus the
-unembedding's share of a decode step; the acceptance of an untrained exit is low (docs/DRAFTERS.md).
+The verification reuses them (LayerSkip's and Kangaroo's saving). The target scores x and K drafts: the rows the
+draft fed (x's last token and the first K - 1 drafts) start at block L from their h_L (gpt2.hidden_states'
+first_layer and x), their keys and values of layers < L kept as the draft wrote them; only the last draft, which the
+draft never fed, first runs the exit's L blocks. After a rejection the next x ends before the rejected draft: the
+draft's next call resumes before it and rewrites its slots, and the ExitDraft the target reads is always the one
+made since its last call, for the slots it feeds from exactly there (any other call of the target, a tree's or one
+from elsewhere, reuses nothing and forgets it). A rejected draft's states are never read.
+
+Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned and
+enters q/p, made by sampling.logits_to_probs with the run's settings, and the reused verification computes the
+target's own logits (to float32 rounding: rows fed in other batches round differently). Only speed depends on L. A
+draft step runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus
+the unembedding's share of a decode step; the verification saves L blocks for all its rows but the last; the
+acceptance of an untrained exit is low (docs/DRAFTERS.md).
 """
 
 import time

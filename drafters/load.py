@@ -9,7 +9,7 @@ from pathlib import Path
 from drafters.eagle2 import EagleTree
 from drafters.early_exit import EARLY_EXIT, EarlyExit
 from drafters.heads import load_head
-from drafters.kangaroo import AdaptedEarlyExit
+from drafters.kangaroo import CONFIDENCE_THRESHOLD, AdaptedEarlyExit
 from drafters.medusa import MedusaDraft
 from verifiers.tree import DEFAULT_N_NODES
 
@@ -17,9 +17,11 @@ HEAD_FOLDERS = {"eagle": "teach-eagle", "medusa": "teach-medusa", "kangaroo": "t
 DRAFTERS = (EARLY_EXIT, *HEAD_FOLDERS)
 
 
-def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=None):
+def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=None, confidence_threshold=None):
     """The drafter `name` (one of DRAFTERS) on `target`, a NumPy gpt2.GPT2Model. exit_layer: early-exit's (kangaroo
-    reads its own from the head); n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic)."""
+    reads its own from the head); n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic);
+    confidence_threshold: kangaroo's early stop of the chain (None: drafters.kangaroo.CONFIDENCE_THRESHOLD, as in
+    Kangaroo's code; 0 never stops)."""
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
     if name == EARLY_EXIT:
@@ -33,4 +35,5 @@ def load_drafter(name, target, models_dir="models", exit_layer=None, n_nodes=Non
         return EagleTree(target, head, n_nodes)
     if name == "medusa":
         return MedusaDraft(target, head, accuracies=info.get("accuracies"), n_nodes=n_nodes)
-    return AdaptedEarlyExit(target, head, exit_layer=info["exit_layer"])
+    stop = CONFIDENCE_THRESHOLD if confidence_threshold is None else confidence_threshold
+    return AdaptedEarlyExit(target, head, exit_layer=info["exit_layer"], confidence_threshold=stop)

@@ -118,7 +118,7 @@ def kangaroo_on(target):
 
     adapter = init_adapter(target.hparams, np.random.default_rng(0), target.params["ln_f"])
     adapter["attn"]["c_proj"]["w"] += 0.5 * adapter["attn"]["c_attn"]["w"][:, :target.hparams["n_embd"]]  # nonzero
-    return lambda exit_layer: AdaptedEarlyExit(target, adapter, exit_layer)
+    return lambda exit_layer: AdaptedEarlyExit(target, adapter, exit_layer, confidence_threshold=0)
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2])
