@@ -11,13 +11,14 @@ NumPy 2's promotion rules; a NumPy float64 scalar would silently turn the residu
 float64) and the one difference in the model math, how a KV cache is written, sits in `write_cache`
 (check_inputs also skips its token-range check on traced JAX inputs, which have no values to check).
 
-The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
-cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
-`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs (kvcache/contract.py), and
-keeps beside the cache the state after ln_f of every slot it fed, the features a drafter reads (drafters/features.py).
-A token tree of drafts is the same call with the nodes' positions by depth and a mask from the tree's ancestry
-(kvcache/tree.py): `GPT2Model.tree_logits`, then `keep_tree_path`. How fast the products run is not this file's
-concern: engine.fast_model gives a GPT2Model whose weight matrices are laid out for this machine's CPU.
+The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ..., cache=..., start=n_cached)`
+attends to the cached keys and values of the first `start` positions. `GPT2Model` wraps that bookkeeping, including
+the rollback speculative sampling needs (kvcache/contract.py), and keeps beside the cache the state after ln_f of
+every slot it fed, the features a drafter reads (drafters/features.py). A token tree of drafts is the same call with
+the nodes' positions by depth and a mask from the tree's ancestry (kvcache/tree.py): `GPT2Model.tree_logits`, then
+`keep_tree_path`. An early exit's verification is the same call from a layer: the rows its draft fed enter block L
+with the states the draft computed (`hidden_states`' first_layer and x; `exit_draft`, drafters/early_exit.py). How
+fast the products run is not this file's concern: engine.fast_model lays a GPT2Model's weights out for this CPU.
 """
 
 import math
@@ -180,12 +181,11 @@ def hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, position
                   first_layer=0, x=None):
     """The target's features a drafter reads (drafters/), and the updated cache: the residual stream after the first
     n blocks for each n in taps (increasing, 1..n_layer), then the state after ln_f, which the unembedding reads.
-    Given x [n_seq, n_embd], the residual stream entering block first_layer (an early exit's states, whose keys and
-    values of the blocks before are cached: drafters/early_exit.py), only blocks first_layer.. run."""
+    Given x [n_seq, n_embd], the stream entering block first_layer (an early exit's), only blocks first_layer.. run."""
     xp = array_module(wte)
     positions = start + xp.arange(len(inputs)) if positions is None else positions  # a chain's, unless a tree's
     x = wte[inputs] + wpe[positions] if x is None else x  # [n_seq] -> [n_seq, n_embd]
-    states, new_cache = [], list(cache or [])[:first_layer]
+    states, new_cache = [], list(cache[:first_layer]) if cache else []
     for layer, block in enumerate(blocks[first_layer:], first_layer):
         x, layer_cache = transformer_block(x, **block, n_head=n_head, kv_cache=cache[layer] if cache else None,
                                            start=start, mask=mask)

@@ -455,9 +455,9 @@ def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
 
     early_exit = load_bench("early_exit")
     target = gpt2.GPT2Model(gpt2.init_params(TINY, np.random.default_rng(0)), TINY)
-    seconds = early_exit.time_verification(target, EarlyExit(target, 1), np.array([3, 1, 4, 1, 5]), 3, rounds=2)
-    assert set(seconds) == {"reused", "recomputed"} and min(seconds.values()) > 0
-    work = early_exit.verification_work(8, 2, 4, {"reused": 1.0, "recomputed": 2.0}, 0.5)
+    seconds = early_exit.time_loop_calls(target, EarlyExit(target, 1), np.array([3, 1, 4, 1, 5]), 3, rounds=2)
+    assert set(seconds) == {"draft_step", "reused", "recomputed", "decode_step"} and min(seconds.values()) > 0
+    work = early_exit.verification_work(8, 2, 4, {"reused": 1.0, "recomputed": 2.0, "decode_step": 0.5})
     assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
     assert work["block_rows"] == {"reused": 5 * 6 + 2, "recomputed": 5 * 8}  # the last draft alone runs blocks 1-2
     assert work["fall_in_block_rows"] == pytest.approx(work["drafted_rows_layer_share"]) == 0.2  # 4 of 5 rows skip 2/8
