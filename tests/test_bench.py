@@ -461,3 +461,17 @@ def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
     assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
     assert work["block_rows"] == {"reused": 5 * 6 + 2, "recomputed": 5 * 8}  # the last draft alone runs blocks 1-2
     assert work["fall_in_block_rows"] == pytest.approx(work["drafted_rows_layer_share"]) == 0.2  # 4 of 5 rows skip 2/8
+
+
+def test_the_drafters_bench_builds_kangaroo_at_its_confidence_threshold(capsys):
+    import utils
+
+    bench = load_bench("spec_bench")
+    assert bench.parse_args([]).confidence_threshold == 0.6  # Kangaroo's code's
+    args = bench.parse_args(["--confidence_threshold", "0.25", "--quick"])
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    kangaroo = bench.build_drafter("kangaroo", gpt2.GPT2Model(params, hparams), None, args).model
+    assert kangaroo.confidence_threshold == 0.25
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--confidence_threshold", "1.5"])
+    assert "--confidence_threshold must be a number in [0, 1], got 1.5" in capsys.readouterr().err

@@ -163,6 +163,9 @@ def test_a_call_that_does_not_follow_the_draft_reuses_nothing(bundled, monkeypat
     np.testing.assert_allclose(target.logits(other, 2), fresh.logits(other, 2), rtol=1e-4, atol=1e-4)
     assert reused == [0] and target.exit_draft is None  # and what the draft described is forgotten
     draft.propose(tokens, 3, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
+    draft.exit_logits(np.array(tokens[:1]), 0)  # fed out of turn, not after a resume: the record is dropped
+    assert target.exit_draft is None
+    draft.propose(tokens, 3, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
     target.tree_logits(tokens, drafts[:2], [-1, 0])  # the tree's rows rewrite the slots the draft fed
     assert target.exit_draft is None
     target.tap((1,))  # a tapped block the reuse would skip: nothing is reused, the tap is written
