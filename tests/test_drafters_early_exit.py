@@ -10,6 +10,7 @@ import functools
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 import sampling
 from classroom import exact_law, lossless
@@ -85,11 +86,12 @@ PROMPTS = (PROMPT, "import numpy as np\n\n\ndef", "The quick brown fox jumps ove
 @pytest.mark.parametrize("exit_layer", [1, 2])
 def test_greedy_tokens_equal_autoregressive_decoding_with_rejections_and_full_acceptances(monkeypatch, exit_layer):
     """Several prompts, K 2: every loop's verification reuses the rows the draft fed, after rejections (which roll the
-    target back past drafts whose first layers it holds) and after loops that accepted every draft."""
+    target back past drafts whose first layers it holds) and after loops that accepted every draft. The target is laid
+    out in panels, as main.py builds it (and fast enough for three prompts)."""
     reused, origins, loops = count_reused_rows(monkeypatch), [], 0
     for prompt in PROMPTS:
-        tokens, _, target = bundled_pair_after(prompt)
-        target.reset()
+        tokens, _, plain = bundled_pair_after(prompt)
+        target = engine.fast_model(plain.params, plain.hparams, layout="panels")
         expected = sampling.autoregressive_sampling(tokens, target, 24, 0, temperature=0)
         target.reset()
         stats = SpeculativeStats()
