@@ -11,13 +11,14 @@ NumPy 2's promotion rules; a NumPy float64 scalar would silently turn the residu
 float64) and the one difference in the model math, how a KV cache is written, sits in `write_cache`
 (check_inputs also skips its token-range check on traced JAX inputs, which have no values to check).
 
-The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ...,
-cache=..., start=n_cached)` attends to the cached keys and values of the first `start` positions.
-`GPT2Model` wraps that bookkeeping, including the rollback speculative sampling needs (kvcache/contract.py), and
-keeps beside the cache the state after ln_f of every slot it fed, the features a drafter reads (drafters/features.py).
-A token tree of drafts is the same call with the nodes' positions by depth and a mask from the tree's ancestry
-(kvcache/tree.py): `GPT2Model.tree_logits`, then `keep_tree_path`. How fast the products run is not this file's
-concern: engine.fast_model gives a GPT2Model whose weight matrices are laid out for this machine's CPU.
+The KV cache lets a decoder feed only the tokens it has not fed yet: `gpt2(new_tokens, ..., cache=..., start=n_cached)`
+attends to the cached keys and values of the first `start` positions. `GPT2Model` wraps that bookkeeping, including
+the rollback speculative sampling needs (kvcache/contract.py), and keeps beside the cache the state after ln_f of
+every slot it fed, the features a drafter reads (drafters/features.py). A token tree of drafts is the same call with
+the nodes' positions by depth and a mask from the tree's ancestry (kvcache/tree.py): `GPT2Model.tree_logits`, then
+`keep_tree_path`. An early exit's verification is the same call from a layer: the rows its draft fed enter block L
+with the states the draft computed (`hidden_states`' first_layer and x; `exit_draft`, drafters/early_exit.py). How
+fast the products run is not this file's concern: engine.fast_model lays a GPT2Model's weights out for this CPU.
 """
 
 import math
@@ -176,14 +177,16 @@ def unembed(features, wte, unembedding=None):  # [n_seq, n_embd] -> [n_seq, n_vo
     return features @ (wte.T if unembedding is None else unembedding)  # tied to the token embedding
 
 
-def hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions=None, mask=None, taps=()):
+def hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions=None, mask=None, taps=(),
+                  first_layer=0, x=None):
     """The target's features a drafter reads (drafters/), and the updated cache: the residual stream after the first
-    n blocks for each n in taps (increasing, 1..n_layer), then the state after ln_f, which the unembedding reads."""
+    n blocks for each n in taps (increasing, 1..n_layer), then the state after ln_f, which the unembedding reads.
+    Given x [n_seq, n_embd], the stream entering block first_layer (an early exit's), only blocks first_layer.. run."""
     xp = array_module(wte)
     positions = start + xp.arange(len(inputs)) if positions is None else positions  # a chain's, unless a tree's
-    x = wte[inputs] + wpe[positions]  # [n_seq] -> [n_seq, n_embd]
-    states, new_cache = [], []
-    for layer, block in enumerate(blocks):
+    x = wte[inputs] + wpe[positions] if x is None else x  # [n_seq] -> [n_seq, n_embd]
+    states, new_cache = [], list(cache[:first_layer]) if cache else []
+    for layer, block in enumerate(blocks[first_layer:], first_layer):
         x, layer_cache = transformer_block(x, **block, n_head=n_head, kv_cache=cache[layer] if cache else None,
                                            start=start, mask=mask)
         new_cache.append(layer_cache)
@@ -195,7 +198,6 @@ def hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, position
 def init_params(hparams, rng):
     """Random GPT-2 parameters as GPT-2 initialises them (normal, std 0.02), nested like the checkpoint."""
     n_embd = hparams["n_embd"]
-
     normal = lambda *shape: (0.02 * rng.standard_normal(shape)).astype(np.float32)
     dense = lambda n_in, n_out: {"w": normal(n_in, n_out), "b": np.zeros(n_out, np.float32)}
     norm = lambda: {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)}
@@ -206,8 +208,7 @@ def init_params(hparams, rng):
 
 
 def empty_cache(hparams, xp=np, dtype=np.float32):  # -> n_layer x ([n_head, n_ctx, head_dim], same)
-    head_dim = hparams["n_embd"] // hparams["n_head"]
-    shape = (hparams["n_head"], hparams["n_ctx"], head_dim)
+    shape = (hparams["n_head"], hparams["n_ctx"], hparams["n_embd"] // hparams["n_head"])  # head_dim last
     return [(xp.zeros(shape, dtype), xp.zeros(shape, dtype)) for _ in range(hparams["n_layer"])]
 
 
@@ -225,7 +226,8 @@ class GPT2Model(CachedModel):
     slot, written by the same forward pass that writes the slot's keys and values, and valid exactly where
     `cached_tokens` is. Without a cache there is none (None): nothing is kept between calls. `states`
     [len(taps) + 1, n_ctx, n_embd]: each slot's residual stream after every block in `taps` (set by `tap`, for a
-    drafter that reads lower layers), then its features (`features` is the last row, a view).
+    drafter that reads lower layers), then its features (`features` is the last row, a view). `exit_draft`: what an
+    early exit's draft wrote past `cached_tokens` (drafters/early_exit.ExitDraft): the next chain call reuses it.
     """
 
     def __init__(self, params, hparams, use_cache=True, unembedding=None):
@@ -239,6 +241,7 @@ class GPT2Model(CachedModel):
         shape = (len(self.taps) + 1, self.n_ctx, self.hparams["n_embd"])
         self.states = np.zeros(shape, np.float32) if self.use_cache else None
         self.features = self.states[-1] if self.use_cache else None  # a view: written with states
+        self.exit_draft = None  # what an early exit drafted into this cache, for the next call to reuse
         super().reset()
 
     def tap(self, taps):
@@ -247,12 +250,14 @@ class GPT2Model(CachedModel):
         self.taps = tuple(taps)
         self.reset()
 
-    def forward(self, tokens, start=0, positions=None, mask=None):  # [n] -> [n, n_vocab], through the cache
-        """gpt2(); with a cache, the tokens' features go to slots start.. as their keys and values do."""
+    def forward(self, tokens, start=0, positions=None, mask=None, first_layer=0, x=None):  # [n] -> [n, n_vocab]
+        """gpt2(), through the cache: the tokens' features go to slots start.. as their keys and values do. first_layer
+        and x: hidden_states', to start after an early exit; the slots an exit_draft described are rewritten."""
         wte, wpe = self.params["wte"], self.params["wpe"]
         check_inputs(tokens, start, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], cached=self.use_cache)
         states, _ = hidden_states(tokens, **self.params, n_head=self.hparams["n_head"], cache=self.cache, start=start,
-                                  positions=positions, mask=mask, taps=self.taps)
+                                  positions=positions, mask=mask, taps=self.taps, first_layer=first_layer, x=x)
+        self.exit_draft = None
         if self.use_cache:
             for kept, state in zip(self.states, states):  # each tapped stream, then the features: [n, n_embd]
                 kept[start:start + len(tokens)] = state
@@ -267,7 +272,8 @@ class GPT2Model(CachedModel):
         if not self.use_cache:
             return self.forward(x)[-n_last:]
         start, new_tokens = self.resume(x, n_last)  # roll back to start
-        logits = self.forward(new_tokens, start)
+        reused = self.exit_draft.reuse(new_tokens, start) if self.exit_draft else {}  # {first_layer, x} or nothing
+        logits = self.forward(new_tokens, start, **reused)
         self.cached_tokens = x
         return logits[-n_last:]
 

@@ -35,7 +35,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
          target_model_size="teach-target", models_dir=None, K=4, temperature=0.0, top_k=0, top_p=1.0,
          seed=123, decoder="autoregressive,speculative", repeats=5, json=False, color=None, backend="numpy",
          dtype="float32", batch_size=None, threads=None, verifier="token", n_drafts=None, replacement=False,
-         tree_drafts=None, exit_layer=None, tree_nodes=None, verbose=False, html=None):
+         tree_drafts=None, exit_layer=None, tree_nodes=None, confidence_threshold=None, verbose=False, html=None):
     """Run the chosen decoders on one prompt (or a batch); print the report, or with json=True a JSON object.
 
     decoder: comma-separated names among autoregressive, speculative and assisted (greedy assisted generation,
@@ -49,9 +49,9 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts: sampled, top_k or
     lookup (None: lookup with prompt-lookup, else sampled), or dynamic (eagle's and medusa's own tree, within
     tree_nodes nodes; None: drafters.load.DEFAULT_N_NODES). exit_layer: the layers an early-exit draft runs (None: a
-    quarter). verbose: the report adds each run's counts and costs and the engine. html: a path, where a page that
-    replays one more speculative run is written (cli/html_page.py). Returns the result dict that --json prints.
-    """
+    quarter); confidence_threshold: kangaroo's early stop (None: 0.6). verbose: the report adds each run's counts and
+    costs and the engine. html: where a page replaying one more run is written (cli/html_page.py). Returns the dict
+    that --json prints."""
     run = flags.check_run(**locals())  # every flag, checked before a model loads
     report.announce(run)  # on a terminal, at once: what the next seconds are spent on
     encoder, rows, draft, target = load_models(run)
@@ -85,7 +85,7 @@ def load_models(run):
     target = backends.make_model(params, hparams, backend, dtype, layout="auto", in_place=True)
     draft = (backends.make_model(draft_params, draft_hparams, backend, dtype, layout="auto", in_place=True) if has_model
              else backends.draft_without_a_model(run.flags["draft"], target, run.models_dir, run.flags["exit_layer"],
-                                                 run.flags["tree_nodes"]))
+                                                 run.flags["tree_nodes"], run.flags["confidence_threshold"]))
     return encoder, rows, draft, target
 
 

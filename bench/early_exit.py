@@ -1,7 +1,9 @@
 """The untrained early exit (drafters/early_exit.py) on the bundled target, greedy: alpha, tokens per target call and c
-for several exit layers, and Leviathan et al.'s expected speedup at the measured c and v(K + 1).
+for several exit layers; c, and the target's verification after K drafts as the method pays it (the rows the draft fed
+start at the exit) beside the recomputing path (every row through every block), in decode steps timed in the same
+rounds; and Leviathan et al.'s expected speedup at the measured c and the paid v(K + 1).
 
-    python bench/early_exit.py [--exit_layers 1,2,4,6] [--K 4] [--n_prompts 4] [--n_tokens 48]
+    python bench/early_exit.py [--exit_layers 1,2,4,6] [--K 4] [--n_prompts 4] [--n_tokens 48] [--rounds 50]
 
 Prompts are evenly spaced stretches of the held-out text (default: the sample committed in tests/fixtures). Every
 speculative run's tokens must equal autoregressive decoding's. Prints one JSON object.
@@ -9,6 +11,10 @@ speculative run's tokens must equal autoregressive decoding's. Prints one JSON o
 
 import argparse
 import json
+import statistics
+import time
+
+import numpy as np
 
 import engine
 import sampling
@@ -16,7 +22,7 @@ import utils
 from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_prompts, held_out_tokens, require_heldout
 from bench.machine import machine_line
 from drafters.early_exit import EarlyExit
-from speedup import costs
+from speedup.stats import SpeculativeStats, expected_speedup
 
 
 def parse_args(argv=None):
@@ -25,21 +31,63 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt")
     parser.add_argument("--exit_layers", default="1,2,4,6")
+    parser.add_argument("--rounds", type=int, default=50, help="timed rounds of a loop's calls (draft, verifications)")
     add_greedy_run_arguments(parser)
     args = parser.parse_args(argv)
     args.exit_layers = [int(layer) for layer in args.exit_layers.split(",")]
     return args
 
 
-def measure_exit(target, exit_layer, prompts, expected, K, N):  # -> the row for one exit layer
+def time_loop_calls(target, draft, prompt, K, rounds):  # -> median seconds of each call, over the rounds
+    """The calls of a loop after the prompt, timed round by round so that the machine's drift touches them alike: the
+    draft proposing K tokens (draft_step: per token), the target verifying them reused (the rows the draft fed start
+    at the exit: drafters/early_exit.ExitDraft); the same proposal verified recomputed (the target forgets what the
+    draft left and runs every row through every block, as before the reuse); a decode step (one new token after the
+    cached prefix). The first round warms up."""
+    target.reset()
+    target.logits(prompt)
+
+    def timed(call, *args):  # -> seconds, what call returned
+        started = time.perf_counter()
+        result = call(*args)
+        return time.perf_counter() - started, result
+
+    def one_round():
+        seconds = {"draft_step": 0.0}
+        for path in ("reused", "recomputed"):
+            proposing, (drafts, _) = timed(draft.propose, prompt, K, sampling.GREEDY, np.random.default_rng(0),
+                                           SpeculativeStats())
+            seconds["draft_step"] += proposing / (2 * K)
+            if path == "recomputed":
+                target.exit_draft = None
+            seconds[path], _ = timed(target.logits, np.append(prompt, drafts), K + 1)
+        seconds["decode_step"], _ = timed(target.logits, np.append(prompt, drafts[:1]), 1)
+        return seconds
+
+    measured = [one_round() for _ in range(rounds + 1)][1:]
+    return {name: statistics.median(seconds[name] for seconds in measured) for name in measured[0]}
+
+
+def verification_work(n_layer, exit_layer, K, seconds):  # -> the target's work per verification, reused and recomputed
+    """In decode steps (measured) and in block rows (one row through one block: K + 1 rows, of which the K the draft
+    fed skip the exit's blocks; tests/test_drafters_early_exit.py counts them)."""
+    rows = {"reused": (K + 1) * (n_layer - exit_layer) + exit_layer, "recomputed": (K + 1) * n_layer}
+    return {"decode_steps": {path: seconds[path] / seconds["decode_step"] for path in rows}, "block_rows": rows,
+            "fall_in_time": 1 - seconds["reused"] / seconds["recomputed"],
+            "fall_in_block_rows": 1 - rows["reused"] / rows["recomputed"],
+            "drafted_rows_layer_share": K * exit_layer / ((K + 1) * n_layer)}
+
+
+def measure_exit(target, exit_layer, prompts, expected, K, N, rounds):  # -> the row for one exit layer
     draft = EarlyExit(target, exit_layer)
-    measured = costs.measure_costs(target, draft, prompts[0], sampling.GREEDY)
+    seconds = time_loop_calls(target, draft, prompts[0], K, rounds)
+    work = verification_work(target.hparams["n_layer"], exit_layer, K, seconds)
     total = greedy_acceptance(target, draft, prompts, expected, K, N, f"exit layer {exit_layer}")
-    alpha = total.acceptance_rate
-    best_K = measured.best_K(alpha)
+    alpha, c, v = total.acceptance_rate, seconds["draft_step"] / seconds["decode_step"], work["decode_steps"]["reused"]
     return {"exit_layer": exit_layer, "alpha": alpha, "tokens_per_target_call": total.tokens_per_target_call,
-            "c": measured.cost_ratio, "v_K_plus_1": measured.v(K + 1), "expected_speedup": measured.expected_speedup(
-                alpha, K), "best_K": best_K, "best_expected_speedup": measured.expected_speedup(alpha, best_K)}
+            "decode_step_ms": 1000 * seconds["decode_step"], "c": c, "v_K_plus_1": v,
+            "v_K_plus_1_recomputed": work["decode_steps"]["recomputed"], "expected_speedup": expected_speedup(
+                alpha, c, K, v), "verification": work}
 
 
 def main(argv=None):
@@ -49,10 +97,11 @@ def main(argv=None):
     target = engine.fast_model(params, hparams)
     tokens = held_out_tokens(encoder, args.heldout)
     prompts, expected = greedy_prompts(target, tokens, args.n_prompts, args.prompt_tokens, args.n_tokens)
-    rows = [measure_exit(target, layer, prompts, expected, args.K, args.n_tokens) for layer in args.exit_layers]
+    rows = [measure_exit(target, layer, prompts, expected, args.K, args.n_tokens, args.rounds)
+            for layer in args.exit_layers]
     print(json.dumps({"machine": machine_line(), "target": args.target, "n_layer": target.hparams["n_layer"], "K": args.K,
                       "heldout": args.heldout, "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens,
-                      "n_tokens": args.n_tokens, "temperature": 0, "by_exit_layer": rows}))
+                      "n_tokens": args.n_tokens, "rounds": args.rounds, "temperature": 0, "by_exit_layer": rows}))
 
 
 if __name__ == "__main__":

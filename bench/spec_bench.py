@@ -65,6 +65,7 @@ from bench.spec_stats import (Recorded, accepted_length_counts, acceptance_by_de
                               decode_step, formula_terms, loops_of, machine_v, mean_accepted_tokens, predict, summary,
                               total)
 from checkpoints.atomic import write_atomically
+from drafters.kangaroo import CONFIDENCE_THRESHOLD
 from drafters.load import DEFAULT_N_NODES, load_drafter
 from speedup import costs, drafts
 from speedup.stats import SpeculativeStats
@@ -101,6 +102,8 @@ def parse_args(argv=None):
     parser.add_argument("--drafters", default=",".join(DRAFTERS))
     parser.add_argument("--categories", default=",".join(CATEGORIES))
     parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--confidence_threshold", type=float, default=CONFIDENCE_THRESHOLD,
+                        help="kangaroo's early stop of the chain (Kangaroo's code: 0.6; 0 never stops)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
@@ -113,6 +116,8 @@ def parse_args(argv=None):
         args.temperatures = [float(value) for value in args.temperatures.split(",")]
     except ValueError:
         parser.error(f"--temperatures takes comma-separated numbers, got {args.temperatures!r}")
+    if not 0 <= args.confidence_threshold <= 1:
+        parser.error(f"--confidence_threshold must be a number in [0, 1], got {args.confidence_threshold}")
     counts = (args.prompts, args.new_tokens, args.repeats, args.k4_prompts)
     if not all(temperature >= 0 for temperature in args.temperatures) or min(counts) < 1:
         parser.error("temperatures must be >= 0; --prompts, --new_tokens, --repeats and --k4_prompts positive")
@@ -134,7 +139,8 @@ def build_drafter(name, target, draft_model, args):  # -> Drafter, or a ValueErr
         return Drafter(name, draft_model, chain)
     if name == "prompt-lookup":
         return Drafter(name, drafts.PromptLookup(target.n_vocab), chain)
-    model = load_drafter(name if name == "early-exit" else name.split("-")[0], target, args.models_dir)
+    model = load_drafter(name if name == "early-exit" else name.split("-")[0], target, args.models_dir,
+                         confidence_threshold=args.confidence_threshold)
     if name == "eagle-tree":
         return Drafter(name, model, EAGLE_TREES[:1] if args.quick else EAGLE_TREES)
     if name == "medusa-tree":
@@ -351,7 +357,8 @@ def main(argv=None):
               "settings": {"target": args.target, "draft": args.draft, "prompts": args.prompts,
                            "new_tokens": args.new_tokens, "repeats": args.repeats, "k4_prompts": args.k4_prompts,
                            "at_K4_split": args.at_K4_split, "temperatures": args.temperatures,
-                           "categories": args.categories, "drafters": args.drafters,
+                           "categories": args.categories, "confidence_threshold": args.confidence_threshold,
+                           "drafters": args.drafters,
                            "choices": {d.name: d.choices for d in drafters}, "tree_children": CHILDREN,
                            "prompt_files": prompt_record}, "rows": [], "skipped": skipped}
     if not args.at_K4_only:

@@ -1,6 +1,7 @@
 """The flags of a drafter made from the target (drafters/, built by drafters.load.load_drafter), checked before any
 model loads: --draft_model_size early-exit, eagle, medusa or kangaroo, with early-exit's --exit_layer and the tree's
---tree_nodes (eagle and medusa growing their own tree, --verifier tree --tree_drafts dynamic).
+--tree_nodes (eagle and medusa growing their own tree, --verifier tree --tree_drafts dynamic) and kangaroo's
+--confidence_threshold.
 
 early-exit and kangaroo run the target's first layers on the NumPy target's own KV cache, so they need --backend
 numpy; eagle and medusa read only the target's features, which the JAX model keeps too. eagle, medusa and kangaroo
@@ -13,6 +14,7 @@ import sampling
 import utils
 from drafters import heads
 from drafters.early_exit import EARLY_EXIT, default_exit_layer
+from drafters.kangaroo import CONFIDENCE_THRESHOLD, is_confidence_threshold
 from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
 from speedup import drafts
 
@@ -83,3 +85,29 @@ def check_exit_layer(exit_layer, draft_model_size, target_model_size, models_dir
         within = "[1, n_layer - 1]" if n_layer is None else f"[1, {n_layer - 1}] (the target has {n_layer} layers)"
         raise ValueError(f"--exit_layer must be an integer in {within}, got {exit_layer!r}")
     return exit_layer
+
+
+def check_confidence_threshold(confidence_threshold, draft_model_size):
+    """--confidence_threshold, Kangaroo's early stop of the chain, for --draft_model_size kangaroo only: -> it
+    (drafters.kangaroo.CONFIDENCE_THRESHOLD when not given), None for other drafts."""
+    if draft_model_size != "kangaroo":
+        if confidence_threshold is not None:
+            raise ValueError(f"--confidence_threshold applies to --draft_model_size kangaroo, not {draft_model_size}")
+        return None
+    if confidence_threshold is None:
+        return CONFIDENCE_THRESHOLD
+    if not is_confidence_threshold(confidence_threshold):
+        raise ValueError(f"--confidence_threshold must be a number in [0, 1], got {confidence_threshold!r}")
+    return float(confidence_threshold)
+
+
+def check_draft_name(draft_model_size, models_dir):
+    """--draft_model_size names a model folder or a drafter that needs none; a name that is neither is refused with
+    both lists, the folders (utils.model_directory's) and the drafters."""
+    if draft_model_size in WITHOUT_A_MODEL:
+        return
+    try:
+        utils.model_directory(draft_model_size, models_dir)
+    except utils.ModelNameError as error:
+        raise utils.ModelNameError(f"--draft_model_size: {error}; or a drafter without a folder of its own: "
+                                   f"{', '.join(WITHOUT_A_MODEL)}") from None

@@ -19,7 +19,9 @@ import utils
 from encoder import get_encoder
 from engine.threads import THREADS, usable_cores
 from cli import backends, html_page
-from cli.drafter_flags import TREE_GROWING_DRAFTERS, WITHOUT_A_MODEL, check_drafter
+from cli.drafter_flags import (TREE_GROWING_DRAFTERS, WITHOUT_A_MODEL, check_confidence_threshold, check_draft_name,
+                               check_drafter)
+from drafters.kangaroo import CONFIDENCE_THRESHOLD
 from drafters.load import DEFAULT_N_NODES
 from speedup import drafts
 from verifiers.tree import DRAFTS as TREE_DRAFTS
@@ -59,6 +61,8 @@ FLAG_HELP = {
                           "through the target's final norm and unembedding, 1 .. n_layer - 1"),
     "tree_nodes": ("INT", "with --tree_drafts dynamic: the budget of nodes of the tree eagle or medusa grows, "
                           "verified in one target call"),
+    "confidence_threshold": ("FLOAT", "with --draft_model_size kangaroo: the chain stops after a draft whose top "
+                                      "probability is below it (Kangaroo's early stop), 0 .. 1; 0 never stops"),
     "repeats": ("INT", "timed runs of each decoder, after one untimed warm-up run"),
     "json": (None, "print one JSON object instead of the report"),
     "verbose": (None, "add to the report each run's counts and costs, the costs measured before the runs and the "
@@ -80,7 +84,8 @@ STRING_FLAGS = ("prompt", "draft_model_size", "target_model_size", "models_dir",
 # fire's one-letter -x names the only flag starting with x; the flags added later take no part, so that -n, -r and
 # -v still name --n_tokens_to_generate, --repeats and --verifier
 ONE_LETTER_FLAGS = tuple(flag for flag in FLAGS if flag not in ("n_drafts", "replacement", "tree_drafts", "verbose",
-                                                                 "exit_layer", "tree_nodes", "html"))
+                                                                 "exit_layer", "tree_nodes", "confidence_threshold",
+                                                                 "html"))
 VERIFIERS = ("token", "block", "multi", "tree")
 SEVERAL_DRAFTS = ("multi", "tree")  # the verifiers that take --n_drafts > 1
 DEFAULT_N_DRAFTS = 3  # multi and tree, when --n_drafts is not given
@@ -191,7 +196,7 @@ class Run:
 
 def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size, models_dir, K, temperature, top_k,
               top_p, seed, decoder, repeats, backend, dtype, batch_size, threads, verifier, n_drafts, replacement,
-              tree_drafts, exit_layer, tree_nodes, html=None, **report_flags):
+              tree_drafts, exit_layer, tree_nodes, confidence_threshold, html=None, **report_flags):
     """main()'s arguments, every one checked before any model is loaded, and --threads set: -> a Run.
 
     report_flags (json, color, verbose) only choose how the result is printed."""
@@ -209,6 +214,7 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
     models_dir = BUNDLED_MODELS_DIR if models_dir is None else models_dir
     exit_layer, tree_nodes = check_drafter(draft_model_size, target_model_size, models_dir, backend, exit_layer,
                                            tree_nodes, tree_drafts)
+    confidence_threshold = check_confidence_threshold(confidence_threshold, draft_model_size)
     check_draft_name(draft_model_size, models_dir)
     for name in ([] if draft_model_size in WITHOUT_A_MODEL else [draft_model_size]) + [target_model_size]:
         for text in set(prompts):
@@ -217,20 +223,8 @@ def check_run(prompt, n_tokens_to_generate, draft_model_size, target_model_size,
              "top_k": top_k, "top_p": top_p, "seed": seed, "n_tokens": n_tokens_to_generate, "repeats": repeats,
              "backend": backend, "dtype": dtype, "verifier": verifier, "n_drafts": n_drafts,
              "replacement": replacement, "tree_drafts": tree_drafts, "exit_layer": exit_layer,
-             "tree_nodes": tree_nodes}
+             "tree_nodes": tree_nodes, "confidence_threshold": confidence_threshold}
     return Run(prompts * (B // len(prompts)), decoders, settings, models_dir, flags, html)
-
-
-def check_draft_name(draft_model_size, models_dir):
-    """--draft_model_size names a model folder or a drafter that needs none; a name that is neither is refused with
-    both lists, the folders (utils.model_directory's) and the drafters."""
-    if draft_model_size in WITHOUT_A_MODEL:
-        return
-    try:
-        utils.model_directory(draft_model_size, models_dir)
-    except utils.ModelNameError as error:
-        raise utils.ModelNameError(f"--draft_model_size: {error}; or a drafter without a folder of its own: "
-                                   f"{', '.join(WITHOUT_A_MODEL)}") from None
 
 
 def parse_decoders(decoder):
@@ -392,6 +386,7 @@ def usage(main, examples):
                           "n_drafts": f"1; {DEFAULT_N_DRAFTS} with --verifier multi or tree",
                           "tree_drafts": "sampled; lookup with prompt-lookup",
                           "exit_layer": "a quarter of the target's layers",
+                          "confidence_threshold": f"{CONFIDENCE_THRESHOLD} with kangaroo",
                           "tree_nodes": f"{DEFAULT_N_NODES} with --tree_drafts dynamic"}
     lines = ["usage: python main.py [--flag value ...]", "", examples.strip(), "", "flags [default]:"]
     for name, (metavar, description) in FLAG_HELP.items():

@@ -1,7 +1,7 @@
 """Drafts made from the target itself, one file per paper, each read beside its paper.
 
-early_exit.py: the target's first L layers read out through its own final norm and unembedding (Draft & Verify,
-arXiv 2309.08168; LayerSkip, arXiv 2404.16710), sharing the target's KV cache; untrained. kangaroo.py: Kangaroo's
+early_exit.py: the target's first L layers read out through its own final norm and unembedding (LayerSkip, arXiv
+2404.16710), sharing the target's KV cache, which the verification reuses; untrained. kangaroo.py: Kangaroo's
 adapter on that exit (arXiv 2404.18911), one attention between two norms with a KV cache of its own, which starts as
 the untrained exit, and its stop of the chain when the exit is unsure. eagle.py: EAGLE's draft head (arXiv
 2401.15077), one block that predicts the target's next feature from its feature and the next token, with a KV cache

@@ -1,26 +1,35 @@
 """An early exit as the draft: the target's first L layers, then its final norm and unembedding (self-speculation).
 
-Put the papers beside this file. Draft & Verify (Zhang et al. 2023, arXiv 2309.08168) drafts with the target
-itself, skipping some of its layers, and verifies with all of them; LayerSkip (Elhoushi et al. 2024, arXiv
-2404.16710) skips the last layers, exits after layer L through the model's own head, and shares the first L
-layers' KV cache between the draft and the verification. This is LayerSkip's self-speculation, untrained: the
-draft's distribution after x is
+Put the papers beside this file. LayerSkip (Elhoushi et al. 2024, arXiv 2404.16710) drafts with the target's first
+L layers read out through the model's own head, verifies with all of them, and reuses the draft's work in the
+verification; Kangaroo (Liu et al. 2024, arXiv 2404.18911) does the same with a trained adapter on the exit
+(drafters/kangaroo.py). Draft & Verify (Zhang et al. 2023, arXiv 2309.08168) is not an early exit: its draft skips
+intermediate layers chosen by Bayesian optimisation and still runs the last ones, so no state of the draft is a state
+the verification needs. This is LayerSkip's self-speculation, untrained: the draft's distribution after x is
 
     p = logits_to_probs(layer_norm(h_L(x)) @ wte.T)     h_L: the residual stream after the target's first L blocks
 
-which is gpt2.gpt2 itself with blocks[:L] and the target's cache[:L]. There is no second copy of anything:
-the draft reads and writes the target's own KV buffers for layers < L. That is safe because keys and values
-at a position depend only on the tokens up to it: when the target scores x and the drafts, it feeds from the
-same position the draft fed from (both resume after the longest cached prefix of x, cache_resume with n_last=1
-for the draft and K+1 for the target, which ends at len(x) - 1 at the latest), so it rewrites every slot the
-draft wrote, for every layer, before any query reads it. The draft does change the target's layers < L beyond
-where it starts, so it cuts the target's record of what its cache holds (`cached_tokens`) back to that start:
-the target's next call resumes there anyway, and no later call can trust a slot the draft overwrote.
+which is gpt2.gpt2 itself with blocks[:L] and the target's cache[:L]. There is no second copy of anything: the draft
+reads and writes the target's own KV buffers for layers < L. Keys and values at a position depend only on the tokens
+up to it, so what the draft writes there is what the target would write. The draft feeds from where the target's
+next call will (both resume after the longest cached prefix of x, cache_resume with n_last=1 for the draft and K+1
+for the target), cuts the target's record of what its cache holds (`cached_tokens`) back to that position, and leaves
+beside it an ExitDraft (target.exit_draft): the tokens it fed from there and their h_L.
 
-Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned
-and enters q/p, made by sampling.logits_to_probs with the run's settings. Only speed depends on L. A draft step
-runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus the
-unembedding's share of a decode step; the acceptance of an untrained exit is low (docs/DRAFTERS.md).
+The verification reuses them (LayerSkip's and Kangaroo's saving). The target scores x and K drafts: the rows the
+draft fed (x's last token and the first K - 1 drafts) start at block L from their h_L (gpt2.hidden_states'
+first_layer and x), their keys and values of layers < L kept as the draft wrote them; only the last draft, which the
+draft never fed, first runs the exit's L blocks. After a rejection the next x ends before the rejected draft: the
+draft's next call resumes before it and rewrites its slots, and the ExitDraft the target reads is always the one
+made since its last call, for the slots it feeds from exactly there (any other call of the target, a tree's or one
+from elsewhere, reuses nothing and forgets it). A rejected draft's states are never read.
+
+Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned and
+enters q/p, made by sampling.logits_to_probs with the run's settings, and the reused verification computes the
+target's own logits (to float32 rounding: rows fed in other batches round differently). Only speed depends on L. A
+draft step runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus
+the unembedding's share of a decode step; the verification saves L blocks for all its rows but the last; the
+acceptance of an untrained exit is low (docs/DRAFTERS.md).
 """
 
 import time
@@ -30,7 +39,7 @@ import numpy as np
 import gpt2
 import sampling
 from drafters.features import host_embeddings
-from kvcache.contract import cache_resume
+from kvcache.contract import cache_resume, common_prefix_length
 
 EARLY_EXIT = "early-exit"  # the draft's name where a model's would go (main.py --draft_model_size)
 
@@ -73,14 +82,30 @@ class EarlyExit:
                                        cache=self.target.cache[:self.exit_layer], start=start, taps=(self.exit_layer,))
         return states
 
+    def drafted_states(self, tokens, start):  # exit_states, kept for the target's next call (ExitDraft.add)
+        states = self.exit_states(tokens, start)
+        drafted = self.target.exit_draft
+        if drafted is not None and drafted.drafter is self and start == drafted.end:
+            drafted.add(tokens, states[0])
+        else:  # fed out of turn (not after resume): the target reuses nothing
+            self.target.exit_draft = None
+        return states
+
     def exit_logits(self, tokens, start):  # [n] fed at positions start.. -> [n, n_vocab]
-        return self.exit_states(tokens, start)[-1] @ self.unembedding  # gpt2.gpt2's read-out, cut after L blocks
+        return self.drafted_states(tokens, start)[-1] @ self.unembedding  # gpt2.gpt2's read-out, cut after L blocks
 
     def resume(self, x, n_last):  # -> (the cache position to feed from, the tokens of x to feed there)
-        """Resume after the target's cached prefix of x, and cut the target's record back to where the draft writes."""
-        start, new_tokens = cache_resume(self.target.cached_tokens, x, n_last)
+        """Resume at resume_position, cut the target's record back there (the draft rewrites its layers < L from
+        there on) and start there the ExitDraft the target's next call reuses."""
+        start = self.resume_position(x, n_last)
         self.target.cached_tokens = self.target.cached_tokens[:start]
-        return start, new_tokens
+        self.target.exit_draft = ExitDraft(self, start)
+        return start, x[start:]
+
+    def resume_position(self, x, n_last):
+        """After the target's cached prefix of x, as the target's next call resumes (Kangaroo's adapter adds its own
+        record: drafters/kangaroo.py)."""
+        return cache_resume(self.target.cached_tokens, x, n_last)[0]
 
     def logits(self, x, n_last=1):  # [n_seq] -> [n_last, n_vocab]
         x = np.array(x, dtype=np.int64)
@@ -115,3 +140,34 @@ class EarlyExit:
 
     def reset(self):
         """Nothing of its own to forget: the cache and its record are the target's (reset with the target)."""
+
+
+class ExitDraft:
+    """What an early exit's draft wrote into the target's cache past the target's record, for the target's next call to
+    reuse: from slot `start` (where the draft cut the target's cached_tokens back to), the keys and values of the
+    first exit_layer blocks of `tokens`, and `h` [len(tokens), n_embd], their residual stream after those blocks. It
+    lives in target.exit_draft until the target's next forward pass, which rewrites the slots it describes."""
+
+    def __init__(self, drafter, start):
+        self.drafter, self.start = drafter, start
+        self.tokens = np.zeros(0, dtype=np.int64)
+        self.h = np.zeros((0, drafter.target.hparams["n_embd"]), dtype=np.float32)
+
+    @property
+    def end(self):  # the slot after the last the draft fed
+        return self.start + len(self.tokens)
+
+    def add(self, tokens, h):  # the draft fed tokens [n] at slots end.., h [n, n_embd] their states after the exit
+        self.tokens, self.h = np.concatenate([self.tokens, tokens]), np.concatenate([self.h, h])
+
+    def reuse(self, tokens, start):  # -> gpt2.GPT2Model.forward's {first_layer, x}, or {} where nothing is reusable
+        """For tokens the target feeds at slots start..: the leading ones the draft fed there enter block exit_layer
+        from their h (the blocks before it ran in the draft, their keys and values are cached); the rest (the last
+        draft, never fed) first run the exit's blocks through the cache, as a draft step would. Nothing is reused
+        when the target feeds from another slot, or keeps the residual stream of a block the reuse would skip."""
+        exit_layer = self.drafter.exit_layer
+        n = common_prefix_length(self.tokens, tokens) if start == self.start else 0
+        if n == 0 or any(tap <= exit_layer for tap in self.drafter.target.taps):
+            return {}
+        rest = self.drafter.exit_states(tokens[n:], start + n)[0] if n < len(tokens) else self.h[:0]
+        return {"first_layer": exit_layer, "x": np.concatenate([self.h[:n], rest])}

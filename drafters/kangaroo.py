@@ -15,21 +15,24 @@ the cross-entropy of the exit's distribution against the target's at each positi
 init_adapter starts the adapter as the untrained exit: c_proj zero (the attention adds nothing, a = h_L) and ln_f'
 a copy of the target's ln_f, so training starts from EarlyExit's p exactly.
 
-The caches. The first L blocks read and write the target's own KV cache, as EarlyExit does (its docstring says why
-that is safe). The adapter's attention needs keys and values of its own: slot j holds those of position j, made from
-h_L there, which depends only on the tokens up to j. Only the draft writes them (verification runs the target's
-blocks, never the adapter), so the drafter keeps its own record, `fed`, of the tokens its slots hold. It resumes
-after the longest prefix of x that both records share (the target's for layers < L, `fed` for the adapter) and cuts
-the target's record back there too: from that position on it feeds every token, and so rewrites every slot, the
-target's layers < L and the adapter's, before any query reads it; a rejected draft's keys are never read. The two
-records differ after a loop that accepted all K drafts: the target scored the last draft, the adapter never fed it
-(Kangaroo's code meets the same missing slot), and resuming by the shorter record refeeds it.
+The caches. The first L blocks read and write the target's own KV cache, and the target's verification starts at
+block L for the rows the draft fed, as for EarlyExit (its docstring says why that is safe); the adapter is the
+draft's alone, so its h_L is what the verification reuses, not the adapter's output. The adapter's attention needs
+keys and values of its own: slot j holds those of position j, made from h_L there, which depends only on the tokens
+up to j. Only the draft writes them (verification runs the target's blocks, never the adapter), so the drafter keeps
+its own record, `fed`, of the tokens its slots hold. It resumes after the longest prefix of x that both records share
+(the target's for layers < L, `fed` for the adapter) and cuts the target's record back there too: from that position
+on it feeds every token, and so rewrites every slot, the target's layers < L and the adapter's, before any query
+reads it; a rejected draft's keys are never read. The two records differ after a loop that accepted all K drafts:
+the target scored the last draft (running the exit's blocks for it), the adapter never fed it (Kangaroo's code meets
+the same missing slot), and resuming by the shorter record refeeds it.
 
 Kangaroo's second early exit: the chain stops once the exit's confidence in the token it just drafted, its top
-probability, falls below a threshold; that token is still proposed. The confidence is read from the raw logits
-(before temperature), so that it means the same at temperature 0, where p is one-hot. A shorter chain changes speed
-only: each proposed token is drawn from exactly the p that enters q/p, and whether to go on depends only on the
-draft's own prefix.
+probability, falls below a threshold (CONFIDENCE_THRESHOLD, 0.6 as in Kangaroo's code, unless given: drafters/load.py,
+main.py --confidence_threshold, bench/spec_bench.py); that token is still proposed. The confidence is read from the
+raw logits (before temperature), so that it means the same at temperature 0, where p is one-hot. A shorter chain
+changes speed only: each proposed token is drawn from exactly the p that enters q/p, and whether to go on depends only
+on the draft's own prefix.
 """
 
 import functools
@@ -40,6 +43,13 @@ import numpy as np
 import gpt2
 from drafters.early_exit import EarlyExit
 from kvcache.contract import common_prefix_length
+
+
+CONFIDENCE_THRESHOLD = 0.6  # Kangaroo's code's: the chain stops after a draft whose top probability is below it
+
+
+def is_confidence_threshold(value):  # a number in [0, 1] (not a bool, not NaN)
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and 0 <= value <= 1
 
 
 def adapter_shapes(n_embd):  # -> the adapter's parts, nested and named as in a GPT-2 block, with their shapes
@@ -94,11 +104,10 @@ class AdaptedEarlyExit(EarlyExit):
     (init_adapter's nesting) through a cache of its own, then the target's unembedding. confidence_threshold:
     Kangaroo's early stop of the chain (0: never stop). `propose` and `logits(x, n_last)` are EarlyExit's."""
 
-    def __init__(self, target, adapter, exit_layer=None, confidence_threshold=0.0):
+    def __init__(self, target, adapter, exit_layer=None, confidence_threshold=CONFIDENCE_THRESHOLD):
         super().__init__(target, exit_layer)
         check_adapter(adapter, target.hparams["n_embd"])
-        if isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, numbers.Real) or not (
-                0 <= confidence_threshold <= 1):
+        if not is_confidence_threshold(confidence_threshold):
             raise ValueError(f"the confidence threshold must be a number in [0, 1], got {confidence_threshold!r}")
         self.adapter, self.confidence_threshold = adapter, float(confidence_threshold)
         self.adapter_cache = gpt2.empty_cache({**target.hparams, "n_layer": 1})[0]  # ([n_head, n_ctx, head_dim], same)
@@ -108,14 +117,12 @@ class AdaptedEarlyExit(EarlyExit):
         """Forget the adapter's slots: `fed` holds the tokens whose positions they hold (the target's are its own)."""
         self.fed = np.zeros(0, dtype=np.int64)
 
-    def resume(self, x, n_last):  # -> (the position to feed from, the tokens of x to feed there)
-        """Resume after the prefix of x that both the target's layers < L and the adapter hold (module docstring)."""
-        start = min(super().resume(x, n_last)[0], common_prefix_length(self.fed, x))
-        self.target.cached_tokens = self.target.cached_tokens[:start]
-        return start, x[start:]
+    def resume_position(self, x, n_last):
+        """After the prefix of x that both the target's layers < L and the adapter hold (module docstring)."""
+        return min(super().resume_position(x, n_last), common_prefix_length(self.fed, x))
 
     def exit_logits(self, tokens, start):  # [n] fed at positions start.. -> [n, n_vocab]
-        h = self.exit_states(tokens, start)[0]  # h_L [n, n_embd], through the target's cache
+        h = self.drafted_states(tokens, start)[0]  # h_L [n, n_embd], through the target's cache
         adapted = adapter_forward(h, self.adapter, self.n_head, self.adapter_cache, start)
         self.fed = np.concatenate([self.fed[:start], tokens])
         return adapted @ self.unembedding

@@ -11,7 +11,7 @@ import gpt2
 from drafters.eagle2 import EagleTree
 from drafters.early_exit import EARLY_EXIT, EarlyExit
 from drafters.heads import load_head, trained_on
-from drafters.kangaroo import AdaptedEarlyExit
+from drafters.kangaroo import CONFIDENCE_THRESHOLD, AdaptedEarlyExit
 from drafters.medusa import MedusaDraft
 from verifiers.tree import DEFAULT_N_NODES
 
@@ -20,10 +20,11 @@ DRAFTERS = (EARLY_EXIT, *HEAD_FOLDERS)
 BUNDLED_MODELS_DIR = Path(gpt2.__file__).resolve().parent / "models"  # beside the kit's code, wherever it runs from
 
 
-def load_drafter(name, target, models_dir=None, exit_layer=None, n_nodes=None):
+def load_drafter(name, target, models_dir=None, exit_layer=None, n_nodes=None, confidence_threshold=None):
     """The drafter `name` (one of DRAFTERS) on `target`, a NumPy gpt2.GPT2Model. models_dir: the folder of the heads'
     folders, None for the kit's bundled models/; exit_layer: early-exit's (kangaroo reads its own from the head);
-    n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic)."""
+    n_nodes: the tree's budget for eagle and medusa (--tree_drafts dynamic); confidence_threshold: kangaroo's early
+    stop of the chain (None: drafters.kangaroo.CONFIDENCE_THRESHOLD, as in Kangaroo's code; 0 never stops)."""
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
     if name == EARLY_EXIT:
@@ -38,4 +39,5 @@ def load_drafter(name, target, models_dir=None, exit_layer=None, n_nodes=None):
         return EagleTree(target, head, n_nodes)
     if name == "medusa":
         return MedusaDraft(target, head, accuracies=info.get("accuracies"), n_nodes=n_nodes)
-    return AdaptedEarlyExit(target, head, exit_layer=info["exit_layer"])
+    stop = CONFIDENCE_THRESHOLD if confidence_threshold is None else confidence_threshold
+    return AdaptedEarlyExit(target, head, exit_layer=info["exit_layer"], confidence_threshold=stop)

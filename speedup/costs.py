@@ -110,14 +110,17 @@ def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_sc
     if max_scored < 2:
         raise ValueError(f"measuring needs room for 2 new tokens after the {len(x)}-token prefix (context {target.n_ctx})")
     new_tokens = (x * max_scored)[:max_scored]  # any tokens will do: the cost does not depend on which
+    # The draft steps on another token than the target's next: the target would start an early exit's row at the exit
+    # (drafters/early_exit.ExitDraft), and its decode step and v would be cheaper than a plain step's.
+    draft_step = [(new_tokens[0] + 1) % target.n_vocab]
     draft_is_model = hasattr(draft, "logits") or is_head_drafter(draft)
 
-    def timed(model, m):  # one call scoring m new tokens after x; n_last = m rolls the cache back to x
+    def timed(model, m, tokens=new_tokens):  # one call scoring m new tokens after x; n_last = m rolls the cache back
         start = time.perf_counter()
         if is_head_drafter(model):  # its step is a proposal: the head after x's features, one token
             model.propose(x, 1, settings, np.random.default_rng(0), SpeculativeStats())
         else:
-            sampling.next_token_probs(model, x + new_tokens[:m], m, settings)
+            sampling.next_token_probs(model, x + tokens[:m], m, settings)
         return time.perf_counter() - start
 
     target_times = {m: [] for m in range(1, max_scored + 1)}
@@ -127,7 +130,7 @@ def measure_costs(target, draft, x, settings=sampling.SamplingSettings(), max_sc
         kept = rounds > 0  # the first round warms up
         for m in target_times:
             if draft_is_model:  # a draft step between the target's calls, as in the loop, where the target's
-                draft_seconds = timed(draft, 1)  # weights pass through the cache in between
+                draft_seconds = timed(draft, 1, draft_step)  # weights pass through the cache in between
                 draft_times += [draft_seconds] * kept
             target_times[m] += [timed(target, m)] * kept
         rounds += 1

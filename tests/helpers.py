@@ -172,6 +172,22 @@ def assert_greedy_equals_autoregressive(tokens, drafter, target, N=16, K=4):
     assert stats.drafted > 0 and stats.draft_calls == stats.drafted
 
 
+def count_reused_rows(monkeypatch):  # -> a list that gets the rows each target call started at the exit (0: none)
+    """Spy on drafters.early_exit.ExitDraft.reuse: how many of the rows the target fed entered it at the exit layer."""
+    from drafters.early_exit import ExitDraft
+    from kvcache.contract import common_prefix_length
+
+    reused, reuse = [], ExitDraft.reuse
+
+    def counted(drafted, tokens, start):
+        kept = reuse(drafted, tokens, start)
+        reused.append(common_prefix_length(drafted.tokens, tokens) if kept else 0)
+        return kept
+
+    monkeypatch.setattr(ExitDraft, "reuse", counted)
+    return reused
+
+
 # ---- main.py on tiny model folders ------------------------------------------------------------------------------
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]

@@ -616,3 +616,30 @@ def test_every_bench_script_that_builds_a_drafter_runs_as_a_file():
         completed = subprocess.run([sys.executable, f"bench/{script}", "--help"], capture_output=True, text=True,
                                    timeout=120, cwd=REPO)
         assert completed.returncode == 0, completed.stderr[-1000:]
+
+
+def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
+    from drafters.early_exit import EarlyExit
+
+    early_exit = load_bench("early_exit")
+    target = gpt2.GPT2Model(gpt2.init_params(TINY, np.random.default_rng(0)), TINY)
+    seconds = early_exit.time_loop_calls(target, EarlyExit(target, 1), np.array([3, 1, 4, 1, 5]), 3, rounds=2)
+    assert set(seconds) == {"draft_step", "reused", "recomputed", "decode_step"} and min(seconds.values()) > 0
+    work = early_exit.verification_work(8, 2, 4, {"reused": 1.0, "recomputed": 2.0, "decode_step": 0.5})
+    assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
+    assert work["block_rows"] == {"reused": 5 * 6 + 2, "recomputed": 5 * 8}  # the last draft alone runs blocks 1-2
+    assert work["fall_in_block_rows"] == pytest.approx(work["drafted_rows_layer_share"]) == 0.2  # 4 of 5 rows skip 2/8
+
+
+def test_the_drafters_bench_builds_kangaroo_at_its_confidence_threshold(capsys):
+    import utils
+
+    bench = load_bench("spec_bench")
+    assert bench.parse_args([]).confidence_threshold == 0.6  # Kangaroo's code's
+    args = bench.parse_args(["--confidence_threshold", "0.25", "--quick"])
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    kangaroo = bench.build_drafter("kangaroo", gpt2.GPT2Model(params, hparams), None, args).model
+    assert kangaroo.confidence_threshold == 0.25
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--confidence_threshold", "1.5"])
+    assert "--confidence_threshold must be a number in [0, 1], got 1.5" in capsys.readouterr().err

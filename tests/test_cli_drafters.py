@@ -37,6 +37,7 @@ def test_each_drafter_writes_the_autoregressive_tokens_and_reports_its_costs(cap
     assert "the same tokens as autoregressive decoding (at temperature 0 they must be)" in out
     assert result["draft"] == keywords["draft_model_size"] and result["tree_nodes"] == tree_nodes
     assert result["exit_layer"] is None  # early-exit's alone; kangaroo's comes from its head
+    assert result["confidence_threshold"] == (0.6 if keywords["draft_model_size"] == "kangaroo" else None)
     # c, alpha and tokens per target call, from the drafter's own recorded time and the run's counts
     assert speculative["drafted"] > 0 and speculative["draft_seconds"] > 0 and speculative["cost_ratio"] > 0
     assert speculative["acceptance_rate"] is not None and f"alpha {speculative['acceptance_rate']:.3f}" in out
@@ -102,6 +103,13 @@ def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
     (dict(draft_model_size="early-exit", backend="jax"), "needs --backend numpy"),
     (dict(draft_model_size="kangaroo", exit_layer=2), "--exit_layer applies to --draft_model_size early-exit, not "
                                                       "kangaroo"),
+    (dict(draft_model_size="eagle", confidence_threshold=0.5), "^--confidence_threshold applies to --draft_model_size "
+                                                               "kangaroo, not eagle$"),
+    (dict(confidence_threshold=0.5), "^--confidence_threshold applies to --draft_model_size kangaroo, not "
+                                     "teach-draft$"),
+    (dict(draft_model_size="kangaroo", confidence_threshold=1.5),
+     r"^--confidence_threshold must be a number in \[0, 1\], got 1.5$"),
+    (dict(draft_model_size="kangaroo", confidence_threshold="high"), r"must be a number in \[0, 1\], got 'high'$"),
     (dict(draft_model_size="eagle", tree_nodes=4), "--tree_nodes applies to the tree eagle or medusa grow"),
     (dict(draft_model_size="medusa", verifier="tree", tree_nodes=4), "--tree_nodes applies to the tree"),
     (dict(draft_model_size="early-exit", verifier="tree", tree_drafts="top_k", tree_nodes=4), "--tree_nodes applies"),
@@ -116,6 +124,11 @@ def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
 def test_flags_that_do_not_go_with_a_drafter_are_refused_before_loading(keywords, message):
     with pytest.raises(ValueError, match=message):
         main.main(prompt="the", n_tokens_to_generate=4, **keywords)
+
+
+def test_a_bad_confidence_threshold_gets_a_one_line_error():
+    result = run_main("--draft_model_size", "kangaroo", "--confidence_threshold", "1.5")
+    assert_short_error(result, "--confidence_threshold must be a number in [0, 1], got 1.5")
 
 
 @pytest.mark.parametrize("name", sorted(HEAD_FOLDERS))

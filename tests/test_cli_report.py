@@ -14,7 +14,7 @@ from helpers import MODELS, run_main
 # what --json carried before the report was reshaped (cli/report.py): its vocabulary must not change
 RESULT_KEYS = {"prompt", "draft", "target", "K", "temperature", "top_k", "top_p", "seed", "n_tokens", "repeats",
                "backend", "dtype", "verifier", "n_drafts", "replacement", "tree_drafts", "exit_layer", "tree_nodes",
-               "costs", "autoregressive", "speculative", "assisted", "speedup", "engine"}
+               "confidence_threshold", "costs", "autoregressive", "speculative", "assisted", "speedup", "engine"}
 SPECULATIVE_KEYS = {"tokens", "new_tokens", "text", "seconds", "seconds_per_run", "target_calls",
                     "tokens_per_target_call", "acceptance_rate", "accepted", "accepted_per_loop", "bonus",
                     "copied_fraction", "corrected", "cost_ratio", "decode_step_seconds", "draft_calls", "draft_seconds",

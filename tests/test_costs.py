@@ -8,7 +8,7 @@ import gpt2
 import sampling
 from speedup import costs
 from speedup.stats import SpeculativeStats, expected_tokens_per_loop
-from helpers import HPARAMS, perturbed, random_target
+from helpers import HPARAMS, count_reused_rows, perturbed, random_target
 
 
 def flat_costs(c, v=1.0, max_scored=16):
@@ -92,6 +92,16 @@ def test_measure_costs_gives_every_verification_length_in_decode_steps(pair):
     with pytest.raises(ValueError, match="room"):
         costs.measure_costs(target, draft, no_room)
     assert costs.measure_costs(target, object(), [1, 2, 3], budget_seconds=0.05).draft_step_seconds == 0
+
+
+def test_an_early_exits_draft_step_hands_the_timed_target_nothing_to_reuse(pair, monkeypatch):
+    """The decode step and v are the plain recompute's: the target never starts a timed row at the exit."""
+    from drafters.early_exit import EarlyExit
+
+    _, target = pair
+    reused = count_reused_rows(monkeypatch)
+    costs.measure_costs(target, EarlyExit(target, 1), [1, 2, 3, 4], budget_seconds=0.05, max_scored=4)
+    assert len(reused) > 1 and max(reused[1:]) == 0  # the first call, a warm-up, reads x itself: the draft fed it
 
 
 def test_auto_K_decodes_the_autoregressive_tokens_and_chooses_none_where_nothing_pays(pair):

@@ -10,13 +10,14 @@ import functools
 import numpy as np
 import pytest
 
+import engine
 import gpt2
 import sampling
 from classroom import exact_law, lossless
 from conftest import bundled_pair_after
 from drafters.early_exit import EarlyExit
 from gpt2_cases import CONFIGS, random_params
-from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
+from helpers import TINY, GPT2Problem, TinyGPT2Context, count_reused_rows
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 
@@ -79,19 +80,117 @@ def test_the_exit_reads_the_tapped_residual_stream_through_ln_f_and_the_unembedd
                                atol=1e-5 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize("exit_layer", [2, 4])
-def test_greedy_tokens_equal_autoregressive_decoding(bundled, exit_layer):
+PROMPTS = (PROMPT, "import numpy as np\n\n\ndef", "The quick brown fox jumps over the")
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2])
+def test_greedy_tokens_equal_autoregressive_decoding_with_rejections_and_full_acceptances(monkeypatch, exit_layer):
+    """Several prompts, K 2: every loop's verification reuses the rows the draft fed, after rejections (which roll the
+    target back past drafts whose first layers it holds) and after loops that accepted every draft. The target is laid
+    out in panels, as main.py builds it (and fast enough for three prompts)."""
+    reused, origins, loops = count_reused_rows(monkeypatch), [], 0
+    for prompt in PROMPTS:
+        tokens, _, plain = bundled_pair_after(prompt)
+        target = engine.fast_model(plain.params, plain.hparams, layout="panels")
+        expected = sampling.autoregressive_sampling(tokens, target, 24, 0, temperature=0)
+        target.reset()
+        stats = SpeculativeStats()
+        got = sampling.speculative_sampling(tokens, EarlyExit(target, exit_layer), target, 24, 2, 0, temperature=0,
+                                            stats=stats)
+        np.testing.assert_array_equal(got, expected)
+        origins, loops = origins + stats.origins, loops + stats.loops
+    assert origins.count("corrected") > 0 and origins.count("bonus") > 0
+    assert min(reused) >= 1  # every verification reused at least x's last token, which the draft fed
+    assert len(reused) >= loops - len(PROMPTS)  # every loop that drafted (a run's last may have no room to)
+
+
+def count_block_rows(monkeypatch):  # -> a list that gets the rows of every transformer block run
+    rows, block = [], gpt2.transformer_block
+
+    def counted(x, *args, **kwargs):
+        rows.append(len(x))
+        return block(x, *args, **kwargs)
+
+    monkeypatch.setattr(gpt2, "transformer_block", counted)
+    return rows
+
+
+def kangaroo_on(target):
+    from drafters.kangaroo import AdaptedEarlyExit, init_adapter
+
+    adapter = init_adapter(target.hparams, np.random.default_rng(0), target.params["ln_f"])
+    adapter["attn"]["c_proj"]["w"] += 0.5 * adapter["attn"]["c_attn"]["w"][:, :target.hparams["n_embd"]]  # nonzero
+    return lambda exit_layer: AdaptedEarlyExit(target, adapter, exit_layer, confidence_threshold=0)
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2])
+@pytest.mark.parametrize("drafter", ["early exit", "Kangaroo"])
+def test_the_verification_starts_at_the_exit_and_its_logits_are_a_full_forwards(bundled, monkeypatch, exit_layer,
+                                                                                drafter):
+    """K drafts after the prompt: the target's rows run the blocks after the exit for the rows the draft fed (the
+    prompt's last token and K - 1 drafts; all of the prompt where Kangaroo's adapter has not read it yet) and every
+    block for the last draft alone; its logits, cache and features are a fresh target's. Then a rejection (one draft
+    kept, another token after it), and the same again."""
     tokens, target = bundled
-    assert_greedy_equals_autoregressive(tokens, EarlyExit(target, exit_layer), target)
+    make = functools.partial(EarlyExit, target) if drafter == "early exit" else kangaroo_on(target)
+    K, n_layer = 4, target.hparams["n_layer"]
+    draft, fresh, x = make(exit_layer), gpt2.GPT2Model(target.params, target.hparams), np.array(tokens)
+    target.reset()
+    target.logits(x)
+    for _ in range(2):
+        drafts, _ = draft.propose(x, K, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
+        x_draft, rows = np.append(x, drafts), count_block_rows(monkeypatch)
+        n_fed = len(x_draft) - target.exit_draft.start  # K + 1, or more where the draft fed from further back
+        logits = target.logits(x_draft, K + 1)
+        monkeypatch.undo()
+        assert sum(rows) == n_fed * (n_layer - exit_layer) + exit_layer < n_fed * n_layer
+        fresh.reset()
+        expected = fresh.logits(x_draft, K + 1)
+        assert logits.dtype == np.float32
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+        n = len(x_draft)
+        np.testing.assert_allclose(target.features[:n], fresh.features[:n], rtol=1e-4, atol=1e-4)
+        assert_caches_close(target.cache, fresh.cache, n)
+        x = np.append(x_draft[:len(x) + 1], (drafts[1] + 1) % target.n_vocab)  # the second draft rejected
 
 
-def caches_equal(a, b, n):  # the first n slots of every layer's keys and values
-    return all(np.array_equal(x[:, :n], y[:, :n]) for layer_a, layer_b in zip(a, b) for x, y in zip(layer_a, layer_b))
+def test_a_call_that_does_not_follow_the_draft_reuses_nothing(bundled, monkeypatch):
+    tokens, target = bundled
+    reused, draft = count_reused_rows(monkeypatch), EarlyExit(target, 2)
+    target.reset()
+    target.logits(tokens)
+    drafts, _ = draft.propose(tokens, 3, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
+    other = np.append(tokens[:-1], (tokens[-1] + 1) % target.n_vocab)  # the draft fed tokens[-1] first
+    fresh = gpt2.GPT2Model(target.params, target.hparams)
+    np.testing.assert_allclose(target.logits(other, 2), fresh.logits(other, 2), rtol=1e-4, atol=1e-4)
+    assert reused == [0] and target.exit_draft is None  # and what the draft described is forgotten
+    draft.propose(tokens, 3, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
+    draft.exit_logits(np.array(tokens[:1]), 0)  # fed out of turn, not after a resume: the record is dropped
+    assert target.exit_draft is None
+    draft.propose(tokens, 3, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
+    target.tree_logits(tokens, drafts[:2], [-1, 0])  # the tree's rows rewrite the slots the draft fed
+    assert target.exit_draft is None
+    target.tap((1,))  # a tapped block the reuse would skip: nothing is reused, the tap is written
+    target.logits(tokens)
+    draft.propose(tokens, 3, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
+    target.logits(np.append(tokens, drafts), 4)
+    states, _ = gpt2.hidden_states(np.append(tokens, drafts), **target.params, n_head=target.hparams["n_head"],
+                                   cache=None, start=0, taps=(1,))
+    np.testing.assert_allclose(target.states[0, :len(tokens) + 3], states[0], rtol=1e-4, atol=1e-4)
+    assert reused[1:] == [0]
+    target.tap(())
 
 
-def test_sharing_the_cache_changes_neither_the_tokens_nor_the_targets_cache(bundled):
-    """At temperature 1, one seed: the exit writing into the target's cache gives the tokens and the target cache of
-    an exit with a cache of its own, bit for bit; and that cache is a fresh target's for the final sequence."""
+def assert_caches_close(ours, theirs, n):  # the first n slots of every layer's keys and values, to float32 rounding
+    for layer_a, layer_b in zip(ours, theirs):
+        for a, b in zip(layer_a, layer_b):  # rows fed in other batches round differently
+            np.testing.assert_allclose(a[:, :n], b[:, :n], rtol=1e-4, atol=1e-5 * np.abs(b[:, :n]).max())
+
+
+def test_sharing_and_reusing_the_cache_changes_neither_the_tokens_nor_the_targets_cache(bundled):
+    """At temperature 1, one seed: the exit writing into the target's cache, which the verification reuses, gives the
+    tokens of an exit with a cache of its own, whose target recomputes everything; both targets' caches are a fresh
+    target's for the final sequence."""
     tokens, target = bundled
     own_copy = gpt2.GPT2Model(target.params, target.hparams)  # the same weights, a second cache: the naive way
     separate = gpt2.GPT2Model(target.params, target.hparams)
@@ -104,12 +203,10 @@ def test_sharing_the_cache_changes_neither_the_tokens_nor_the_targets_cache(bund
     n = len(target.cached_tokens)
     assert n >= len(runs["shared"]) - 1 and np.array_equal(target.cached_tokens, runs["shared"][:n])
     assert np.array_equal(separate.cached_tokens, target.cached_tokens)
-    assert caches_equal(target.cache, separate.cache, n)
     fresh = gpt2.GPT2Model(target.params, target.hparams)
     fresh.logits(target.cached_tokens)
-    for (keys, values), (fresh_keys, fresh_values) in zip(target.cache, fresh.cache):
-        for ours, theirs in ((keys, fresh_keys), (values, fresh_values)):  # one call of n rows against many calls
-            np.testing.assert_allclose(ours[:, :n], theirs[:, :n], rtol=1e-4, atol=1e-5 * np.abs(theirs[:, :n]).max())
+    for cache in (target.cache, separate.cache):
+        assert_caches_close(cache, fresh.cache, n)
 
 
 def test_a_draft_of_no_tokens_touches_nothing_and_p_is_the_rules(bundled):
@@ -144,9 +241,11 @@ def early_exit_problems(drafter=functools.partial(EarlyExit, exit_layer=1)):
 
 
 @pytest.mark.parametrize("decoder", [sampling.speculative_sampling, block_speculative_sampling])
-def test_the_exact_oracle_passes_the_early_exit_on_a_tiny_gpt2(decoder):
+def test_the_exact_oracle_passes_the_early_exit_on_a_tiny_gpt2(monkeypatch, decoder):
+    reused = count_reused_rows(monkeypatch)
     check = exact_law.check_exact(decoder, problems=early_exit_problems())
     assert check.passed, check.report
+    assert max(reused) > 0  # the verifications did start at the exit
     assert all(result.paths > 1 for result in check.results[:2])  # the draws did branch
 
 

@@ -17,9 +17,10 @@ import sampling
 from classroom import exact_law, lossless
 from conftest import bundled_pair_after
 from drafters.early_exit import EarlyExit
-from drafters.kangaroo import AdaptedEarlyExit, adapter_forward, init_adapter
+from drafters.kangaroo import CONFIDENCE_THRESHOLD, AdaptedEarlyExit, adapter_forward, init_adapter
+from drafters.load import load_drafter
 from gpt2_cases import random_params
-from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
+from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive, count_reused_rows
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
 
@@ -66,7 +67,7 @@ def test_a_fresh_adapter_gives_the_early_exits_p_bit_for_bit(bundled):
     tokens, target, _ = bundled
     adapter = init_adapter(target.hparams, np.random.default_rng(1), target.params["ln_f"])
     settings, runs = sampling.SamplingSettings(0.8, top_k=40), []
-    for drafter in (EarlyExit(target, EXIT_LAYER), AdaptedEarlyExit(target, adapter, EXIT_LAYER)):
+    for drafter in (EarlyExit(target, EXIT_LAYER), AdaptedEarlyExit(target, adapter, EXIT_LAYER, 0)):
         target.reset()
         logits = drafter.logits(tokens, n_last=len(tokens))
         runs.append((logits, *drafter.propose(tokens, 3, settings, np.random.default_rng(0), SpeculativeStats())))
@@ -91,8 +92,8 @@ def test_adapter_forward_through_its_cache_after_a_rollback_equals_a_fresh_forwa
 class TrustsTheTarget(AdaptedEarlyExit):
     """A bug to plant: resume by the target's record alone, as EarlyExit does, trusting adapter slots never written."""
 
-    def resume(self, x, n_last):
-        return EarlyExit.resume(self, x, n_last)
+    def resume_position(self, x, n_last):
+        return EarlyExit.resume_position(self, x, n_last)
 
 
 def draft_verify_then_draft(drafter, target, tokens, keep):  # -> p of 2 drafts after tokens, the kept, a correction
@@ -112,13 +113,13 @@ def draft_verify_then_draft(drafter, target, tokens, keep):  # -> p of 2 drafts 
 @pytest.mark.parametrize("keep", [lambda d: d[:1], lambda d: d], ids=["one draft kept", "every draft kept"])
 def test_the_drafts_p_after_a_rollback_is_a_full_recomputes(bundled, keep):
     tokens, target, adapter = bundled
-    p, expected = draft_verify_then_draft(AdaptedEarlyExit(target, adapter, EXIT_LAYER), target, tokens, keep)
+    p, expected = draft_verify_then_draft(AdaptedEarlyExit(target, adapter, EXIT_LAYER, 0), target, tokens, keep)
     np.testing.assert_allclose(p, expected, atol=1e-5)
 
 
 def test_the_planted_bug_reads_the_slot_the_adapter_never_wrote(bundled):
     tokens, target, adapter = bundled
-    p, expected = draft_verify_then_draft(TrustsTheTarget(target, adapter, EXIT_LAYER), target, tokens, lambda d: d)
+    p, expected = draft_verify_then_draft(TrustsTheTarget(target, adapter, EXIT_LAYER, 0), target, tokens, lambda d: d)
     assert np.abs(p - expected).max() > 1e-3
 
 
@@ -135,7 +136,7 @@ def test_greedy_tokens_equal_autoregressive_decoding(bundled, layout, confidence
 
 def test_the_chain_stops_after_the_first_draft_whose_confidence_falls_below_the_threshold(bundled):
     tokens, target, adapter = bundled
-    K, never_stops = 5, AdaptedEarlyExit(target, adapter, EXIT_LAYER)
+    K, never_stops = 5, AdaptedEarlyExit(target, adapter, EXIT_LAYER, 0)
     all_drafts, _ = never_stops.propose(tokens, K, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats())
     confidence = [gpt2.softmax(by_hand(target, adapter, np.append(tokens, all_drafts[:t]))).max() for t in range(K)]
     assert len(all_drafts) == K
@@ -163,9 +164,11 @@ def kangaroo_problems(confidence_threshold):
 
 @pytest.mark.parametrize("decoder", [sampling.speculative_sampling, block_speculative_sampling])
 @pytest.mark.parametrize("confidence_threshold", [0.0, 0.6])
-def test_the_exact_oracle_passes_the_adapted_exit_on_a_tiny_gpt2(decoder, confidence_threshold):
+def test_the_exact_oracle_passes_the_adapted_exit_on_a_tiny_gpt2(monkeypatch, decoder, confidence_threshold):
+    reused = count_reused_rows(monkeypatch)
     check = exact_law.check_exact(decoder, problems=kangaroo_problems(confidence_threshold))
     assert check.passed, check.report
+    assert max(reused) > 0  # the verifications did start at the exit
     assert check.results[0].paths > 1  # the draws did branch
 
 
@@ -215,3 +218,11 @@ def test_adapters_that_do_not_fit_the_target_and_bad_thresholds_are_refused(bund
         AdaptedEarlyExit(target, adapter, 8)
     with pytest.raises(ValueError, match="gpt2.GPT2Model"):
         AdaptedEarlyExit(lossless.CachedTableModel(lossless.random_context_table(4, 0)), adapter, 1)
+
+
+def test_load_drafter_passes_the_confidence_threshold_kangaroos_code_stops_at_by_default(bundled):
+    _, target, _ = bundled
+    assert load_drafter("kangaroo", target).confidence_threshold == CONFIDENCE_THRESHOLD == 0.6
+    assert load_drafter("kangaroo", target, confidence_threshold=0).confidence_threshold == 0.0
+    with pytest.raises(ValueError, match=r"^the confidence threshold must be a number in \[0, 1\], got 2$"):
+        load_drafter("kangaroo", target, confidence_threshold=2)

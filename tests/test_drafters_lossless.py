@@ -16,7 +16,7 @@ from drafters.early_exit import EarlyExit
 from drafters.kangaroo import AdaptedEarlyExit, init_adapter
 from drafters.medusa import MedusaDraft, init_heads
 from gpt2_cases import random_params
-from helpers import TINY, GPT2Problem, TinyGPT2Context
+from helpers import TINY, GPT2Problem, TinyGPT2Context, count_reused_rows
 from verifiers.tree import tree_speculative_sampling
 
 PARAMS = random_params(TINY, 3)
@@ -43,12 +43,14 @@ DRAFTERS = {
 
 
 @pytest.mark.parametrize("name", list(DRAFTERS))
-def test_check_lossless_passes_every_drafter_at_temperature_1(name):
+def test_check_lossless_passes_every_drafter_at_temperature_1(monkeypatch, name):
     drafter, decoder = DRAFTERS[name]
     problem = GPT2Problem(f"tiny GPT-2, {name}, K=2, N=3", drafter, TinyGPT2Context(PARAMS), (1, 2), 3, 2,
                           sampling.SamplingSettings(), True, 3000)
+    reused = count_reused_rows(monkeypatch)
     check = lossless.check_lossless(decoder, problems=[problem])
     assert check.passed, check.report
+    assert (max(reused, default=0) > 0) == (name in ("early exit", "Kangaroo"))  # theirs start at the exit
 
 
 def test_the_same_check_fails_the_eagle_chain_under_the_zoos_residual_bug():
