@@ -11,7 +11,7 @@ import sampling
 from classroom import lossless
 from drafters.eagle import EagleDraft, init_head
 from drafters.eagle2 import EagleTree
-from drafters.eagle3 import ReducedVocabularyEagle
+from drafters.frspec import ReducedVocabularyEagle
 from drafters.early_exit import EarlyExit
 from drafters.kangaroo import AdaptedEarlyExit, init_adapter
 from drafters.medusa import MedusaDraft, init_heads
@@ -34,7 +34,7 @@ TREE = functools.partial(tree_speculative_sampling, n_drafts=2, drafts="dynamic"
 DRAFTERS = {
     "EAGLE chain": (lambda target: EagleDraft(target, EAGLE_HEAD), CHAIN),
     "EAGLE-2 tree": (lambda target: EagleTree(target, EAGLE_HEAD, n_nodes=3), TREE),
-    "EAGLE-3 reduced vocabulary": (lambda target: ReducedVocabularyEagle(target, EAGLE_HEAD, 3, [0, 2]), CHAIN),
+    "FR-Spec reduced vocabulary": (lambda target: ReducedVocabularyEagle(target, EAGLE_HEAD, 3, [0, 2]), CHAIN),
     "Medusa chain": (lambda target: MedusaDraft(target, MEDUSA_HEADS), CHAIN),
     "Medusa tree": (lambda target: MedusaDraft(target, MEDUSA_HEADS, n_nodes=3), TREE),
     "early exit": (lambda target: EarlyExit(target, exit_layer=1), CHAIN),

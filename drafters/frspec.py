@@ -1,14 +1,16 @@
-"""EAGLE-3's reduced draft vocabulary: EAGLE's head reads out over the most frequent tokens only.
+"""FR-Spec's frequency-ranked draft vocabulary: EAGLE's head read out through the target's unembedding sliced to the
+most frequent token ids, under EAGLE-2's tree.
 
-Put the papers beside this file: EAGLE-3 (Li et al. 2025, arXiv 2503.01840) and FR-Spec (Zhao et al. 2025, arXiv
-2502.14856), on drafters/eagle.py's head and drafters/eagle2.py's tree. Every draft step ends in a readout, the
+Put the paper beside this file: FR-Spec (Zhao et al. 2025, arXiv 2502.14856), on drafters/eagle.py's head (EAGLE,
+arXiv 2401.15077) and drafters/eagle2.py's tree (EAGLE-2, arXiv 2406.16858). Every draft step ends in a readout, the
 predicted feature [n_embd] times an unembedding [n_embd, n_vocab]; where the head is small beside that matrix, the
-readout is much of the step. EAGLE-3's drafts read out over the tokens most frequent in the draft's training data
-only (its drafts for LLaMA-3.1 8B: 32,000 of 128,256 ids, kept as the d2t/t2d maps vLLM and SGLang load); FR-Spec
-slices the target's own unembedding to such a vocabulary under EAGLE-2. This head predicts the target's feature, so
-it is read as FR-Spec reads it: by the target's unembedding's columns of the vocabulary, sliced once:
+readout is much of the step. FR-Spec keeps the draft model as it is and slices its LM head, here the target's own
+unembedding, to the ids most frequent in a corpus, once; nothing is trained:
 
     p(x) = logits_to_probs(f^ @ wte.T[:, vocabulary])   for x in the vocabulary,   p(x) = 0 outside
+
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840) also drafts over a reduced vocabulary, but through an lm_head of its own
+trained on it; this file is the untrained slice.
 
 `draft_vocabulary(token_counts, size)` picks the size most frequent ids of a training split's counts
 (tools/draft_vocabulary.py writes them to models/teach-eagle-vocabulary.json, `load_vocabulary` reads them back).
@@ -34,7 +36,7 @@ from sampling import is_integer
 
 
 def draft_vocabulary(token_counts, size):  # [n_vocab] -> [size] ids, sorted
-    """The size ids of highest count (ties to the lowest id), sorted: EAGLE-3's reduced draft vocabulary."""
+    """The size ids of highest count (ties to the lowest id), sorted: FR-Spec's frequency-ranked draft vocabulary."""
     token_counts = np.asarray(token_counts)
     if token_counts.ndim != 1 or not len(token_counts) or not np.issubdtype(token_counts.dtype, np.number) \
             or (token_counts < 0).any():

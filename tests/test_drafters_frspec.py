@@ -1,4 +1,5 @@
-"""drafters/eagle3.py: EAGLE-3's reduced draft vocabulary on EAGLE's head (untrained), chain and EAGLE-2 tree.
+"""drafters/frspec.py: FR-Spec's frequency-ranked draft vocabulary on EAGLE's head (untrained), chain and EAGLE-2
+tree.
 
 The vocabulary must be the most frequent ids; the head's p must be zero outside it, sum to 1, and be the full head's p
 conditioned on it; the tree must choose no token outside it; and every decoder must stay exact although the draft
@@ -21,7 +22,7 @@ import sampling
 from classroom import exact_law
 from conftest import bundled_pair_after
 from drafters.eagle import EagleDraft, init_head
-from drafters.eagle3 import ReducedVocabularyEagle, check_vocabulary, coverage, draft_vocabulary, load_vocabulary
+from drafters.frspec import ReducedVocabularyEagle, check_vocabulary, coverage, draft_vocabulary, load_vocabulary
 from gpt2_cases import random_params
 from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
 from speedup.stats import SpeculativeStats
@@ -204,10 +205,10 @@ def test_the_committed_vocabulary_fits_the_bundled_target(bundled):
 
 
 def test_the_bench_measures_every_size_and_checks_the_tokens(tmp_path):
-    """bench/eagle3_vocabulary.py on the committed head, a few steps of everything: the full vocabulary covers every
+    """bench/frspec_vocabulary.py on the committed head, a few steps of everything: the full vocabulary covers every
     token, a smaller one no more, and the speculative tokens were checked against autoregressive decoding inside."""
     np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 4096, 20_000).astype(np.uint16))
-    command = [sys.executable, str(REPO / "bench" / "eagle3_vocabulary.py"), "--tokens", str(tmp_path / "tokens.npy"),
+    command = [sys.executable, str(REPO / "bench" / "frspec_vocabulary.py"), "--tokens", str(tmp_path / "tokens.npy"),
                "--heldout", "tests/fixtures/heldout_sample.txt", "--sizes", "4096,256", "--repeats", "1",
                "--n_prompts", "1", "--n_tokens", "6", "--n_docs", "2", "--max_tokens", "300"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
