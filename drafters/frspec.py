@@ -10,7 +10,7 @@ unembedding, to the ids most frequent in a corpus, once; nothing is trained:
     p(x) = logits_to_probs(f^ @ wte.T[:, vocabulary])   for x in the vocabulary,   p(x) = 0 outside
 
 EAGLE-3 (Li et al. 2025, arXiv 2503.01840) also drafts over a reduced vocabulary, but through an lm_head of its own
-trained on it; this file is the untrained slice.
+trained on it (drafters/eagle3.py); this file is the untrained slice.
 
 `draft_vocabulary(token_counts, size)` picks the size most frequent ids of a training split's counts
 (tools/draft_vocabulary.py writes them to models/teach-eagle-vocabulary.json, `load_vocabulary` reads them back).
@@ -77,6 +77,12 @@ def load_vocabulary(path):  # -> the ids tools/draft_vocabulary.py wrote
         raise ValueError(f"{path} is not a draft vocabulary: a JSON object whose \"ids\" lists token ids") from None
 
 
+def spread_logits(vocabulary_logits, vocabulary, n_vocab):  # [m, size] -> [m, n_vocab], -inf outside the vocabulary
+    logits = np.full((len(vocabulary_logits), n_vocab), -np.inf, dtype=np.float32)
+    logits[:, vocabulary] = vocabulary_logits
+    return logits
+
+
 class ReducedVocabularyEagle(EagleTree):
     """EAGLE's head (a chain by `propose`, EAGLE-2's tree by `draft_tree`) reading out over `vocabulary` only:
     p over the full vocabulary, zero outside it."""
@@ -88,9 +94,7 @@ class ReducedVocabularyEagle(EagleTree):
         self.vocabulary_unembedding = np.ascontiguousarray(self.wte.T[:, self.vocabulary])  # [n_embd, size]
 
     def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab], -inf outside the vocabulary
-        logits = np.full((len(predicted), self.n_vocab), -np.inf, dtype=np.float32)
-        logits[:, self.vocabulary] = predicted @ self.vocabulary_unembedding  # [m, size]
-        return logits
+        return spread_logits(predicted @ self.vocabulary_unembedding, self.vocabulary, self.n_vocab)
 
     def draft_tree(self, x, K, n_drafts, settings, stats):  # -> TokenTree: EagleTree's, no child outside
         return super().draft_tree(x, K, min(n_drafts, len(self.vocabulary)), settings, stats)
