@@ -31,6 +31,9 @@ K: the draft steps of a chain, and the depth of a tree (drafters/eagle2.py's lev
 reference's `depth` counts the expansions after the first readout, so its trees have depth + 1 levels: its depth d
 is K = d + 1 here (its default 5 is K 6), and its total_tokens is n_nodes + 1 (the root counted).
 
+Training (tools/train_eagle3.py, run as tools/train_heads.py eagle3) is the reference's: the token loss alone under
+the training-time test of 7 steps, the vocabulary the training tokens' most frequent ids.
+
 Exactness is Algorithm 2's, as for every drafter: each draft is drawn from exactly the p returned, made by
 sampling.logits_to_probs from logits that are -inf outside the vocabulary, so p is zero there and the verifier's
 residual brings those tokens back. What the head is and how it is trained changes acceptance only.
