@@ -1,6 +1,6 @@
 """The held-out text the benchmarks draw their prompts from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
 never committed); tests/fixtures/heldout_sample.txt is a small sample of it. Greedy runs on evenly spaced prompts of it,
-checked against autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/eagle3_vocabulary.py).
+checked against autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/frspec_vocabulary.py).
 """
 
 import ast

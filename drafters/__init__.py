@@ -7,9 +7,11 @@ the untrained exit, and its stop of the chain when the exit is unsure. eagle.py:
 2401.15077), one block that predicts the target's next feature from its feature and the next token, with a KV cache
 of its own, and EAGLE-3's fusion of lower layers' residual streams into the feature it reads. eagle2.py: EAGLE-2's
 dynamic draft tree (arXiv 2406.16858), the same head growing a tree by its own confidence within a node budget.
-eagle3.py: EAGLE-3's reduced draft vocabulary (arXiv 2503.01840), the same head reading out over the most frequent
-tokens only. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a residual block on the target's feature
-predicting a token further ahead, drafting a chain or a sparse tree. A drafter plugs into the loop as
+frspec.py: FR-Spec's frequency-ranked draft vocabulary (arXiv 2502.14856), the same head reading out through the
+target's unembedding sliced to the most frequent tokens, untrained. eagle3.py: EAGLE-3's draft (arXiv 2503.01840), a
+low, a middle and a high layer's residual streams fused, one draft layer, and a readout of its own over a reduced
+vocabulary, as a chain or EAGLE-2's tree. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a residual block on the
+target's feature predicting a token further ahead, drafting a chain or a sparse tree. A drafter plugs into the loop as
 speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts, p), and a tree drafter through
 `draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are. The target's
 features (and the streams it taps for a fused head) come from drafters/features.true_states, which reads the rows

@@ -11,7 +11,8 @@ The predicted feature is post-ln_f already, so it goes to the target's unembeddi
 block is GPT-2's (gpt2.transformer_block) with parameters of its own and a KV cache of its own; it has no
 position embedding, because the target's features carry their positions.
 
-EAGLE-3 (Li et al. 2025, arXiv 2503.01840) lets the head read lower layers too. A head with "fuse" arrays reads, at
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840) lets the draft read lower layers too (drafters/eagle3.py is its draft as
+the paper builds it); this head borrows the fusion alone, keeping EAGLE-1's feature. A head with "fuse" arrays reads, at
 the true positions only, f_i + sum over tapped blocks l of ln_1 of block l+1 (residual after block l) @ fuse[l].w
 (fused_features); its own predictions, from the second draft step on, it reads as they are. The target keeps the
 tapped streams beside its features (gpt2.GPT2Model.tap, asked for by this drafter), so they cost no forward either.

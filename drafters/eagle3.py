@@ -1,94 +1,120 @@
-"""EAGLE-3's reduced draft vocabulary: EAGLE's head reads out over the most frequent tokens only.
+"""EAGLE-3's draft: a low, a middle and a high layer of the target fused, one draft layer, a readout of its own over a
+reduced vocabulary.
 
-Put the papers beside this file: EAGLE-3 (Li et al. 2025, arXiv 2503.01840) and FR-Spec (Zhao et al. 2025, arXiv
-2502.14856), on drafters/eagle.py's head and drafters/eagle2.py's tree. Every draft step ends in a readout, the
-predicted feature [n_embd] times an unembedding [n_embd, n_vocab]; where the head is small beside that matrix, the
-readout is much of the step. EAGLE-3's drafts read out over the tokens most frequent in the draft's training data
-only (its drafts for LLaMA-3.1 8B: 32,000 of 128,256 ids, kept as the d2t/t2d maps vLLM and SGLang load); FR-Spec
-slices the target's own unembedding to such a vocabulary under EAGLE-2. This head predicts the target's feature, so
-it is read as FR-Spec reads it: by the target's unembedding's columns of the vocabulary, sliced once:
+Put the paper beside this file: EAGLE-3 (Li et al. 2025, arXiv 2503.01840), beside drafters/eagle.py's EAGLE-1 head.
+EAGLE-3 gives up predicting the target's feature: the draft is trained on tokens alone, so it may read more than the
+top layer. At a true position i the target's residual streams after three of its n blocks (l, m, h) are
+concatenated and projected:
 
-    p(x) = logits_to_probs(f^ @ wte.T[:, vocabulary])   for x in the vocabulary,   p(x) = 0 outside
+    g_i = fc([a^l_i; a^m_i; a^h_i])                          [3*n_embd] -> [n_embd], no bias
+    h_{i+1} = midlayer(g_i, e_{i+1})                          e_{i+1} = wte[x_{i+1}], the target's own embedding
+    p(x_{i+2}) = softmax(lm_head(norm(h_{i+1})))              over the draft vocabulary, mapped by d2t
 
-`draft_vocabulary(token_counts, size)` picks the size most frequent ids of a training split's counts
-(tools/draft_vocabulary.py writes them to models/teach-eagle-vocabulary.json, `load_vocabulary` reads them back).
+At the next draft step the midlayer reads its own output h in place of g (with the embedding of the token just
+drafted), as EAGLE-1's head reads its predicted feature. The draft vocabulary is the draft_vocab_size ids most
+frequent in the training data (FR-Spec's choice, drafters/frspec.draft_vocabulary); d2t maps a draft id to its target
+id (stored as an offset, target id = draft id + d2t[draft id]), t2d marks the target ids inside; p is zero outside.
 
-Exactness is Algorithm 2's, unchanged: the readout's logits are -inf outside the vocabulary, so the p returned is
-zero there at every setting, and each draft is drawn from exactly that p; the verifier's ratio q/p and its residual
-(q - p)+ see the whole row, so a target token outside the vocabulary still comes out, from the residual, after a
-rejection. What the vocabulary costs is acceptance: the draft can never propose a token outside it. In a tree
-(EAGLE-2's ranking, by the head's raw log-softmax) a node gets at most `size` children: a token outside the
-vocabulary has log-probability -inf and is never chosen.
+Where the kit departs from the reference code (SafeAILab/EAGLE, eagle/traineagle3), and why:
+- The midlayer is one GPT-2 block (gpt2.transformer_block, the target's kind of layer, as eagle.py's head) whose
+  input is fc over [g; e] (2*n_embd -> n_embd, with a bias: eagle.head_forward, reused as it is), where the reference's
+  LLaMA layer norms g and e apart and projects the 2*n_embd concatenation straight to its queries, keys and values,
+  its residual being g alone. Both read the pair and return a vector of n_embd; the concatenation's order
+  ([g; e] here, [e; g] there) is a permutation of the fc's rows and changes nothing.
+- norm is GPT-2's layer norm, where the reference has LLaMA's RMSNorm: the target's family of norm.
+- The taps default to the reference's blocks 2, n/2 and n-3 (after blocks 2, 4 and 5 of the bundled 8); a head keeps
+  the ones it was trained on (head.json's "layers"), any increasing blocks 1..n_layer, as many as fc's width holds.
+- No position embedding in the draft (eagle.py's reason: the streams carry their positions), where the reference's
+  layer applies rotary positions.
 
-Cost: the readout multiplies n_embd x size weights instead of n_embd x n_vocab; the logits are then spread into a row
-of n_vocab (-inf elsewhere), element-wise work that the sampler does over n_vocab anyway.
+K: the draft steps of a chain, and the depth of a tree (drafters/eagle2.py's levels of drafted tokens). The
+reference's `depth` counts the expansions after the first readout, so its trees have depth + 1 levels: its depth d
+is K = d + 1 here (its default 5 is K 6), and its total_tokens is n_nodes + 1 (the root counted).
+
+Training (tools/train_eagle3.py, run as tools/train_heads.py eagle3) is the reference's: the token loss alone under
+the training-time test of 7 steps, the vocabulary the training tokens' most frequent ids.
+
+Exactness is Algorithm 2's, as for every drafter: each draft is drawn from exactly the p returned, made by
+sampling.logits_to_probs from logits that are -inf outside the vocabulary, so p is zero there and the verifier's
+residual brings those tokens back. What the head is and how it is trained changes acceptance only.
+
+Cost: the target keeps the tapped streams beside its cache (gpt2.GPT2Model.tap, drafters/features.true_states), so
+reading them costs no forward; a draft step is the midlayer and a readout over draft_vocab_size ids, not n_vocab.
 """
-
-import json
-from pathlib import Path
 
 import numpy as np
 
+import gpt2
+from drafters import eagle
 from drafters.eagle2 import EagleTree
-from sampling import is_integer
+from drafters.features import true_states
+from drafters.frspec import check_vocabulary, spread_logits
 
 
-def draft_vocabulary(token_counts, size):  # [n_vocab] -> [size] ids, sorted
-    """The size ids of highest count (ties to the lowest id), sorted: EAGLE-3's reduced draft vocabulary."""
-    token_counts = np.asarray(token_counts)
-    if token_counts.ndim != 1 or not len(token_counts) or not np.issubdtype(token_counts.dtype, np.number) \
-            or (token_counts < 0).any():
-        raise ValueError("token_counts must be a non-empty 1-D array of counts >= 0, one per token id")
-    if not is_integer(size) or not 1 <= size <= len(token_counts):
-        raise ValueError(f"the draft vocabulary's size must be an integer in 1..{len(token_counts)}, got {size!r}")
-    return np.sort(np.argsort(-token_counts, kind="stable")[:size]).astype(np.int64)
+def default_layers(n_layer):  # -> the blocks after which the reference taps the residual stream: 2, n/2, n-3
+    layers = (2, n_layer // 2, n_layer - 3)
+    if list(layers) != sorted(set(layers)) or layers[0] < 1:
+        raise ValueError(f"a target of {n_layer} blocks has no three distinct taps at 2, n/2 and n-3: name them")
+    return layers
 
 
-def coverage(token_counts, vocabulary):  # -> the share of the counted tokens that lie in the vocabulary
-    token_counts = np.asarray(token_counts)
-    return float(token_counts[vocabulary].sum() / token_counts.sum())
+def init_head(hparams, rng, draft_vocab_size, n_taps=3):
+    """A random EAGLE-3 head: fc [n_taps*n_embd, n_embd] (no bias), the midlayer (eagle.init_head: its fc over 2*n_embd
+    and one GPT-2 block), norm, lm_head [n_embd, draft_vocab_size] (no bias); GPT-2's init (normal, std 0.02)."""
+    n_embd = hparams["n_embd"]
+    normal = lambda *shape: (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    return {"fc": {"w": normal(n_taps * n_embd, n_embd)}, "midlayer": eagle.init_head(hparams, rng),
+            "norm": {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)},
+            "lm_head": {"w": normal(n_embd, draft_vocab_size)}}
 
 
-def check_vocabulary(vocabulary, n_vocab):  # -> the ids as a sorted int64 array, or a ValueError
-    ids = np.asarray(vocabulary)
-    if ids.ndim != 1 or not len(ids) or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"a draft vocabulary must be a non-empty list of token ids, got {ids.tolist()!r:.80}")
-    ids = ids.astype(np.int64)
-    if ids.min() < 0 or ids.max() >= n_vocab:
-        raise ValueError(f"a draft vocabulary's ids must lie in 0..{n_vocab - 1}, got {int(ids.min())}.."
-                         f"{int(ids.max())}")
-    unique, times = np.unique(ids, return_counts=True)
-    if (times > 1).any():
-        repeated = np.flatnonzero(times > 1)[0]
-        raise ValueError(f"a draft vocabulary must list each id once: id {unique[repeated]} is listed "
-                         f"{times[repeated]} times")
-    return unique
+def vocabulary_d2t(vocabulary):  # sorted target ids [size] -> d2t [size]: the offset from each draft id to its id
+    return np.asarray(vocabulary, np.int64) - np.arange(len(vocabulary))
 
 
-def load_vocabulary(path):  # -> the ids tools/draft_vocabulary.py wrote
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no draft vocabulary at {path}: write it with python tools/draft_vocabulary.py")
-    try:
-        return np.asarray(json.loads(path.read_text())["ids"], dtype=np.int64)
-    except (ValueError, KeyError, TypeError):  # not JSON, no "ids", or ids that are not integers
-        raise ValueError(f"{path} is not a draft vocabulary: a JSON object whose \"ids\" lists token ids") from None
+def d2t_vocabulary(d2t):  # d2t [size] -> the target id of each draft id [size]
+    return np.arange(len(d2t)) + np.asarray(d2t, np.int64)
 
 
-class ReducedVocabularyEagle(EagleTree):
-    """EAGLE's head (a chain by `propose`, EAGLE-2's tree by `draft_tree`) reading out over `vocabulary` only:
-    p over the full vocabulary, zero outside it."""
+def fuse(residuals, head):  # taps x [n, n_embd] -> g [n, n_embd]: fc over the streams, low to high, concatenated
+    xp = gpt2.array_module(residuals[0])  # NumPy here; jax.numpy in a trainer's jitted step
+    return xp.concatenate(list(residuals), axis=-1) @ head["fc"]["w"]
 
-    def __init__(self, target, head, n_nodes, vocabulary):
-        super().__init__(target, head, n_nodes)
-        self.vocabulary = check_vocabulary(vocabulary, self.n_vocab)  # [size]
-        # the plain wte.T's columns, copied once: whatever layout the target reads wte.T in
-        self.vocabulary_unembedding = np.ascontiguousarray(self.wte.T[:, self.vocabulary])  # [n_embd, size]
 
-    def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab], -inf outside the vocabulary
-        logits = np.full((len(predicted), self.n_vocab), -np.inf, dtype=np.float32)
-        logits[:, self.vocabulary] = predicted @ self.vocabulary_unembedding  # [m, size]
-        return logits
+def draft_logits(hidden, head):  # [..., n_embd] -> [..., draft_vocab_size]: lm_head(norm(h))
+    return gpt2.layer_norm(hidden, **head["norm"]) @ head["lm_head"]["w"]
+
+
+class Eagle3Draft(EagleTree):
+    """EAGLE-3's head drafting a chain (`propose`) or EAGLE-2's tree (`draft_tree`) for a gpt2.GPT2Model or
+    JaxGPT2Model target, whose tapped streams and embedding it reads; d2t: the head's draft vocabulary, as offsets;
+    layers: the blocks it fuses (default_layers)."""
+
+    def __init__(self, target, head, n_nodes, d2t, layers=None):
+        n_embd, n_layer = target.hparams["n_embd"], target.hparams["n_layer"]
+        self.layers = default_layers(n_layer) if layers is None else tuple(int(layer) for layer in layers)
+        if list(self.layers) != sorted(set(self.layers)) or not 1 <= self.layers[0] <= self.layers[-1] <= n_layer:
+            raise ValueError(f"the head's layers must be increasing blocks 1..{n_layer}, got {list(self.layers)}")
+        self.vocabulary = check_vocabulary(d2t_vocabulary(d2t), target.n_vocab)  # sorted and unique
+        if len(self.vocabulary) != len(d2t) or not np.array_equal(self.vocabulary, d2t_vocabulary(d2t)):
+            raise ValueError("d2t must map the draft ids to increasing target ids")
+        expected = {"fc": (len(self.layers) * n_embd, n_embd), "lm_head": (n_embd, len(d2t))}
+        for name, shape in expected.items():
+            if np.shape(head[name]["w"]) != shape:
+                raise ValueError(f"the head's {name} must be {list(shape)} for {len(self.layers)} taps of a target of "
+                                 f"n_embd {n_embd} and {len(d2t)} draft ids, got {list(np.shape(head[name]['w']))}")
+        super().__init__(target, head["midlayer"], n_nodes)  # self.head: the midlayer, as eagle.head_forward reads it
+        self.eagle3 = head
+        self.t2d = np.isin(np.arange(self.n_vocab), self.vocabulary)  # [n_vocab]: inside the draft vocabulary
+        if target.taps != self.layers:
+            target.tap(self.layers)  # the verifications from now on keep the streams the head reads
+
+    def true_reads(self, x, start):  # [n] -> g at x's positions from start on [n - start, n_embd]
+        *residuals, _ = true_states(self.target, x, start)
+        return fuse(residuals, self.eagle3)
+
+    def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab], -inf outside the draft vocabulary
+        return spread_logits(draft_logits(predicted, self.eagle3), self.vocabulary, self.n_vocab)
 
     def draft_tree(self, x, K, n_drafts, settings, stats):  # -> TokenTree: EagleTree's, no child outside
         return super().draft_tree(x, K, min(n_drafts, len(self.vocabulary)), settings, stats)

@@ -273,6 +273,19 @@ def train_tiny_pair(pack_dir, out_dir):
                     tokens=pack_dir / "tokens.npz", state_dir=out_dir / "state")
 
 
+def tiny_training_setup(tmp_path, hparams, copies=1):  # -> (models_dir, corpus_dir) for tools/train_heads.py
+    """models_dir holding a random teach-target of hparams with the bundled pair's vocabulary files; corpus_dir
+    holding a train.txt of `copies` copies of the README."""
+    models_dir, corpus_dir = tmp_path / "models", tmp_path / "corpus"
+    utils.save_gpt2_checkpoint(gpt2.init_params(hparams, np.random.default_rng(0)), hparams,
+                               models_dir / "teach-target")
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(REPO / "models" / "teach-target" / name, models_dir / "teach-target" / name)
+    corpus_dir.mkdir()
+    (corpus_dir / "train.txt").write_text((REPO / "README.md").read_text() * copies)
+    return models_dir, corpus_dir
+
+
 def stop_training_at(monkeypatch, stop_step, run):
     """run() stopped as by Ctrl-C when it asks train_pair for step stop_step's learning rate, the schedule restored
     after: a run that saves its state, interrupted half way."""
@@ -289,3 +302,15 @@ def stop_training_at(monkeypatch, stop_step, run):
     with pytest.raises(KeyboardInterrupt):
         run()
     monkeypatch.setattr(train_pair, "learning_rate", learning_rate)
+
+
+def assert_a_stopped_run_resumes_to(whole, monkeypatch, run, steps=4):
+    """run() (-> a head and its info) stopped at step 3, then run again: it resumes to `whole`, the head an
+    uninterrupted run of `steps` steps writes."""
+    from drafters.heads import flatten
+
+    stop_training_at(monkeypatch, 3, run)
+    resumed, info = run()
+    assert info["training"]["steps_done"] == steps
+    for name, array in flatten(whole).items():
+        np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)

@@ -612,7 +612,7 @@ def test_every_bench_script_that_builds_a_drafter_runs_as_a_file():
     """Python puts a script's own folder first on its path: a bench/drafters.py would hide the drafters package from
     every script beside it (hence bench/spec_bench.py)."""
     assert not (REPO / "bench" / "drafters.py").exists()
-    for script in ("spec_bench.py", "early_exit.py", "drafter_zoo.py", "eagle3_vocabulary.py"):
+    for script in ("spec_bench.py", "early_exit.py", "drafter_zoo.py", "frspec_vocabulary.py"):
         completed = subprocess.run([sys.executable, f"bench/{script}", "--help"], capture_output=True, text=True,
                                    timeout=120, cwd=REPO)
         assert completed.returncode == 0, completed.stderr[-1000:]

@@ -11,7 +11,9 @@ import sampling
 from classroom import lossless
 from drafters.eagle import EagleDraft, init_head
 from drafters.eagle2 import EagleTree
-from drafters.eagle3 import ReducedVocabularyEagle
+from drafters.eagle3 import Eagle3Draft, vocabulary_d2t
+from drafters.eagle3 import init_head as init_eagle3_head
+from drafters.frspec import ReducedVocabularyEagle
 from drafters.early_exit import EarlyExit
 from drafters.kangaroo import AdaptedEarlyExit, init_adapter
 from drafters.medusa import MedusaDraft, init_heads
@@ -28,13 +30,17 @@ for medusa_head in MEDUSA_HEADS["heads"]:
     medusa_head["w"] = RNG.standard_normal(medusa_head["w"].shape).astype(np.float32)  # trained heads are not zero
 ADAPTER = init_adapter(TINY, RNG, PARAMS["ln_f"])
 ADAPTER["attn"]["c_proj"]["w"] = RNG.standard_normal(ADAPTER["attn"]["c_proj"]["w"].shape).astype(np.float32)
+EAGLE3_HEAD = init_eagle3_head(TINY, RNG, draft_vocab_size=2, n_taps=2)  # the tiny target's 2 blocks, ids 0 and 2
+EAGLE3_HEAD["lm_head"]["w"] *= 10
 
 CHAIN = sampling.speculative_sampling
 TREE = functools.partial(tree_speculative_sampling, n_drafts=2, drafts="dynamic")
 DRAFTERS = {
     "EAGLE chain": (lambda target: EagleDraft(target, EAGLE_HEAD), CHAIN),
     "EAGLE-2 tree": (lambda target: EagleTree(target, EAGLE_HEAD, n_nodes=3), TREE),
-    "EAGLE-3 reduced vocabulary": (lambda target: ReducedVocabularyEagle(target, EAGLE_HEAD, 3, [0, 2]), CHAIN),
+    "EAGLE-3 chain": (lambda target: Eagle3Draft(target, EAGLE3_HEAD, 3, vocabulary_d2t([0, 2]), (1, 2)), CHAIN),
+    "EAGLE-3 tree": (lambda target: Eagle3Draft(target, EAGLE3_HEAD, 3, vocabulary_d2t([0, 2]), (1, 2)), TREE),
+    "FR-Spec reduced vocabulary": (lambda target: ReducedVocabularyEagle(target, EAGLE_HEAD, 3, [0, 2]), CHAIN),
     "Medusa chain": (lambda target: MedusaDraft(target, MEDUSA_HEADS), CHAIN),
     "Medusa tree": (lambda target: MedusaDraft(target, MEDUSA_HEADS, n_nodes=3), TREE),
     "early exit": (lambda target: EarlyExit(target, exit_layer=1), CHAIN),

@@ -2,18 +2,15 @@
 target stays frozen, and a run stopped half-way resumes from its saved state to the very head an uninterrupted
 run writes."""
 
-import shutil
-
 import numpy as np
 import pytest
 
 import gpt2
 import sampling
 import utils
-from conftest import REPO
 from drafters.eagle import EagleDraft
 from drafters.heads import flatten, load_head
-from helpers import stop_training_at
+from helpers import assert_a_stopped_run_resumes_to, stop_training_at, tiny_training_setup
 from speedup.stats import SpeculativeStats
 
 jax = pytest.importorskip("jax")
@@ -24,14 +21,7 @@ TINY_TARGET = dict(n_vocab=4096, n_ctx=32, n_embd=16, n_head=2, n_layer=2)
 
 @pytest.fixture()
 def tiny_setup(tmp_path):  # -> (models_dir holding a tiny teach-target, corpus_dir)
-    models_dir, corpus_dir = tmp_path / "models", tmp_path / "corpus"
-    utils.save_gpt2_checkpoint(gpt2.init_params(TINY_TARGET, np.random.default_rng(0)), TINY_TARGET,
-                               models_dir / "teach-target")
-    for name in ("encoder.json", "vocab.bpe"):
-        shutil.copy(REPO / "models" / "teach-target" / name, models_dir / "teach-target" / name)
-    corpus_dir.mkdir()
-    (corpus_dir / "train.txt").write_text((REPO / "README.md").read_text() * 2)
-    return models_dir, corpus_dir
+    return tiny_training_setup(tmp_path, TINY_TARGET, copies=2)
 
 
 def train(models_dir, corpus_dir, state_dir, steps=4, **options):
@@ -51,11 +41,7 @@ def test_a_few_steps_write_a_head_and_a_run_stopped_half_way_resumes_to_the_same
     assert [path.name for path in corpus_dir.iterdir()] == ["train.txt"]  # its evaluations read no held-out text
     assert (models_dir / "teach-target" / "model.ckpt.data-00000-of-00001").read_bytes() == target_before
 
-    stop_training_at(monkeypatch, 3, lambda: train(models_dir, corpus_dir, tmp_path / "stopped"))
-    resumed, info = train(models_dir, corpus_dir, tmp_path / "stopped")
-    assert info["training"]["steps_done"] == 4
-    for name, array in flatten(whole).items():
-        np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)
+    assert_a_stopped_run_resumes_to(whole, monkeypatch, lambda: train(models_dir, corpus_dir, tmp_path / "stopped"))
 
 
 def test_an_unknown_drafter_or_a_missing_corpus_is_a_one_line_error(tiny_setup, tmp_path):

@@ -1,5 +1,5 @@
-"""EAGLE-3's reduced draft vocabulary for the bundled target (drafters/eagle3.py): the ids most frequent in the
-training split.
+"""FR-Spec's frequency-ranked draft vocabulary for the bundled target (drafters/frspec.py): the ids most frequent in
+the training split.
 
     python tools/train_heads.py eagle                 # once: caches the training split's tokens
     python tools/draft_vocabulary.py --size 1024      # -> models/teach-eagle-vocabulary.json
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from checkpoints.atomic import write_atomically
-from drafters.eagle3 import coverage, draft_vocabulary
+from drafters.frspec import coverage, draft_vocabulary
 
 TOKENS = "~/.cache/speculative-sampling-kit/train_heads/eagle/train_tokens.npy"
 

@@ -2,6 +2,7 @@
 
     python tools/build_corpus.py                     # once: build/corpus/train.txt
     python tools/train_heads.py eagle                # -> models/teach-eagle
+    python tools/train_heads.py eagle3               # -> models/teach-eagle3 (tools/train_eagle3.py)
     python tools/train_heads.py medusa               # -> models/teach-medusa
     python tools/train_heads.py kangaroo             # -> models/teach-kangaroo
 
@@ -25,6 +26,8 @@ is the paper's:
   (drafters/eagle.fused_features): the residual stream after those blocks, normed as the next block norms it, through
   a matrix per block added to f_i at the true positions; the matrices start at zero, so a head continued with taps
   starts as it was (a head that fuses some blocks already keeps fusing them, with or without --taps).
+- EAGLE-3 (Li et al. 2025, arXiv 2503.01840), its own draft (drafters/eagle3.py): the token loss alone, over a draft
+  vocabulary of --draft_vocab_size ids, under the training-time test of 7 steps weighted 0.8^i (tools/train_eagle3.py).
 - Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
   corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss). Afterwards the heads'
   top-ranked tokens are scored on the validation windows: the accuracies MedusaDraft prunes its tree by.
@@ -230,6 +233,15 @@ class Kangaroo:
 KINDS = {kind.name: kind for kind in (Eagle, Medusa, Kangaroo)}
 
 
+def eagle3_kind(hparams, train, draft_vocab_size):  # EAGLE-3's draft over the training tokens' most frequent ids
+    from tools import train_eagle3  # imported here: it builds on this module's Eagle
+
+    size = train_eagle3.DRAFT_VOCAB_SIZE if draft_vocab_size is None else draft_vocab_size
+    if not isinstance(size, int) or not 1 <= size <= hparams["n_vocab"]:
+        raise SystemExit(f"train_heads: --draft_vocab_size must be a whole number in 1..{hparams['n_vocab']}")
+    return train_eagle3.Eagle3(hparams, train_eagle3.training_vocabulary(train, hparams["n_vocab"], size))
+
+
 def make_step(kind):
     def rows_loss(head, target_params, rows, key):  # [n_rows, length] -> the mean of the rows' losses
         keys = jax.random.split(key, len(rows))
@@ -263,7 +275,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
          state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
          pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1, classification_weight=CLASSIFICATION_WEIGHT,
-         taps=(), data_seed=None):
+         taps=(), data_seed=None, draft_vocab_size=None):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
@@ -272,9 +284,10 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     batch_size windows. unroll (EAGLE's head only): the draft steps each window teaches, the head reading its own
     predicted features from the second on. classification_weight (EAGLE's head only): the token cross-entropy's
     weight beside the feature regression. data_seed: the sampler's seed for windows and pool rows (default seed, which
-    also makes the pool): a run continuing a head gives a new one, or it replays the data the earlier run drew."""
-    if drafter not in KINDS:
-        raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}")
+    also makes the pool): a run continuing a head gives a new one, or it replays the data the earlier run drew.
+    draft_vocab_size (EAGLE-3 only): the draft vocabulary's size (tools/train_eagle3.DRAFT_VOCAB_SIZE)."""
+    if drafter not in (*KINDS, "eagle3"):
+        raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}, eagle3")
     if unroll != 1 and (drafter != "eagle" or not isinstance(unroll, int) or unroll < 1):
         raise SystemExit("train_heads: --unroll must be a whole number of draft steps >= 1, for eagle only")
     if classification_weight != CLASSIFICATION_WEIGHT and (
@@ -282,6 +295,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
         raise SystemExit("train_heads: --classification_weight must be a number >= 0, for eagle only")
     if data_seed is not None and not isinstance(data_seed, int):
         raise SystemExit("train_heads: --data_seed must be a whole number")
+    if draft_vocab_size is not None and drafter != "eagle3":
+        raise SystemExit("train_heads: --draft_vocab_size is for eagle3 only")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
     state_dir = Path(state_dir).expanduser() / drafter
     if not (corpus_dir / "train.txt").exists():
@@ -299,13 +314,14 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
                                    for i in range(n_windows)]).astype(np.int32)
     kind = (KINDS[drafter](hparams, unroll, classification_weight, taps) if drafter == "eagle"
-            else KINDS[drafter](hparams))
+            else eagle3_kind(hparams, train, draft_vocab_size) if drafter == "eagle3" else KINDS[drafter](hparams))
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
               "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
               **({"init_from": str(init_from)} if init_from else {}), **({"unroll": unroll} if unroll > 1 else {}),
               **({"classification_weight": classification_weight}
                  if classification_weight != CLASSIFICATION_WEIGHT else {}), **({"taps": list(taps)} if taps else {}),
               **({"data_seed": data_seed} if data_seed is not None else {}),
+              **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
               **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
                   "continued_tokens": continued_tokens} if continued else {})}
     pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
@@ -321,6 +337,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
         rng = np.random.default_rng(seed if data_seed is None else data_seed)
         initial, earlier = load_head(init_from, drafter) if init_from else (kind.init(hparams, rng, target_params), {})
         initial = kind.start(initial) if drafter == "eagle" else initial
+        if "d2t" in earlier and earlier["d2t"] != kind.info(initial, target_params, None)["d2t"]:
+            raise SystemExit(f"train_heads: {init_from} drafts over another vocabulary than this run's tokens give")
         head = jax.tree.map(jnp.asarray, initial)
         log = {"recipe": recipe, "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
                "train_tokens": int(len(train)), "evals": [], "steps_done": 0, "minutes": 0.0,

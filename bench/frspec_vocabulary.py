@@ -1,8 +1,8 @@
-"""What EAGLE-3's reduced draft vocabulary (drafters/eagle3.py) buys EAGLE's trained head on the bundled target: for
-each size, the draft step's cost c, the share of the target's greedy next tokens inside the vocabulary, alpha at
-temperature 0 (chain, K 4) and Leviathan et al.'s expected speedup at the measured c and v(K + 1).
+"""What FR-Spec's frequency-ranked draft vocabulary (drafters/frspec.py) buys EAGLE's trained head on the bundled
+target: for each size, the draft step's cost c, the share of the target's greedy next tokens inside the vocabulary,
+alpha at temperature 0 (chain, K 4) and Leviathan et al.'s expected speedup at the measured c and v(K + 1).
 
-    python bench/eagle3_vocabulary.py --heldout build/corpus/heldout.txt [--sizes 4096,2048,1024,512]
+    python bench/frspec_vocabulary.py --heldout build/corpus/heldout.txt [--sizes 4096,2048,1024,512]
 
 Each vocabulary is the size ids most frequent in the training split (--tokens, as tools/train_heads.py caches it);
 the full vocabulary is measured twice: EagleTree itself (the target's unembedding, in the target's layout) and
@@ -30,7 +30,7 @@ from bench.features import spread
 from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_prompts, require_heldout
 from bench.machine import machine_line
 from drafters.eagle2 import EagleTree
-from drafters.eagle3 import ReducedVocabularyEagle, coverage, draft_vocabulary
+from drafters.frspec import ReducedVocabularyEagle, coverage, draft_vocabulary
 from drafters.heads import load_head
 from engine.threads import THREADS
 from speedup import costs
