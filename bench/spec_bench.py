@@ -35,7 +35,9 @@ predicted_speedup_machine_v the same with v(n) measured apart (speedup/costs.mea
 about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside EAGLE's chain at K = 4 and
 its dynamic tree at depth 4 with drafters/load.py's default budget and the larger budgets an accelerator would verify
 for about a step's cost (16 and 32 nodes), on --k4_prompts prompts per category of the test split (more than the
-timed rows: it counts tokens, not time). A head's recipe is judged on the development split instead:
+timed rows: it counts tokens, not time); "at_K4_margins" sets each against the draft on the same prompts (EAGLE's
+chain in alpha, each tree in tokens per target call) with the 95% interval of a paired bootstrap over the prompts, and
+says "level" where that interval holds no margin. A head's recipe is judged on the development split instead:
 --at_K4_only --at_K4_split dev. At temperature 0 every run's tokens must equal autoregressive decoding's:
 same_tokens_as_autoregressive.
 
@@ -62,8 +64,8 @@ from bench import spec_splits
 from bench.heldout import spread
 from bench.machine import machine_line
 from bench.spec_stats import (Recorded, accepted_length_counts, acceptance_by_depth, alpha, alpha_per_depth,
-                              decode_step, formula_terms, loops_of, machine_v, mean_accepted_tokens, predict, summary,
-                              total)
+                              decode_step, formula_terms, loops_of, machine_v, mean_accepted_tokens, paired_margin,
+                              per_prompt, predict, summary, total)
 from checkpoints.atomic import write_atomically
 from drafters.kangaroo import CONFIDENCE_THRESHOLD
 from drafters.load import DEFAULT_N_NODES, load_drafter
@@ -289,7 +291,7 @@ def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows:
     within each of K4_TREE_NODES, one greedy run per prompt, per category and over all of them."""
     compared = [(d, (4, None)) for d in drafters if d.name in ("draft", "eagle-chain")]
     compared += [(d, (4, n_nodes)) for d in drafters if d.name == "eagle-tree" for n_nodes in K4_TREE_NODES]
-    rows = []
+    rows, by_prompt = [], {}
     for drafter, choice in compared:
         every = []
         for category, prompts in prompts_by_category.items():
@@ -297,7 +299,17 @@ def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows:
             every += runs
             rows.append(k4_row(drafter, choice, category, runs, split))
         rows.append(k4_row(drafter, choice, "all", every, split))
-    return rows
+        by_prompt[drafter.name if choice[1] is None else f"{drafter.name} {choice[1]}"] = per_prompt(every)
+    return rows, k4_margins(by_prompt)
+
+
+def k4_margins(by_prompt):  # -> the bars' comparisons with the draft model, each with its paired interval
+    """EAGLE's chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times)."""
+    if "draft" not in by_prompt:
+        return {}
+    measures = {name: "alpha" if name == "eagle-chain" else "tokens_per_call" for name in by_prompt if name != "draft"}
+    return {f"{name} / draft": paired_margin(by_prompt[name], by_prompt["draft"], measure)
+            for name, measure in measures.items()}
 
 
 def k4_row(drafter, choice, category, runs, split):
@@ -370,8 +382,8 @@ def main(argv=None):
                 by_split = {"dev": prompts["dev", "calibration"][category], "test": prompts["test", "timed"][category]}
                 result["rows"] += bench_category(drafters, category, by_split, target, args, temperature, measured)
     if runs_at_K4(args):
-        result["at_K4"] = at_K4(drafters, prompts[args.at_K4_split, "at_K4"], target, args.new_tokens,
-                                args.at_K4_split)
+        result["at_K4"], result["at_K4_margins"] = at_K4(drafters, prompts[args.at_K4_split, "at_K4"], target,
+                                                         args.new_tokens, args.at_K4_split)
     result["wall_seconds"] = time.perf_counter() - started
     text = json.dumps(result)
     if args.out:

@@ -11,6 +11,8 @@ Mean accepted tokens per target call comes in two conventions, both reported, ea
 
 import statistics
 
+import numpy as np
+
 import sampling
 from verifiers.tree import TokenTree
 
@@ -129,3 +131,26 @@ def mean_accepted_tokens(runs):  # -> both conventions, named
 def summary(values):  # -> median with its range, mean and standard deviation (0 for a single value)
     return {"median": statistics.median(values), "low": min(values), "high": max(values),
             "mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def per_prompt(runs):  # -> [[accepted, judged, generated, target calls]] a prompt: what a paired comparison resamples
+    return [[stats.accepted, stats.accepted + stats.rejected, stats.generated, stats.target_calls]
+            for _, _, stats, _ in runs]
+
+
+def paired_margin(ours, theirs, measure, draws=2000, seed=0):  # per_prompt rows of two drafters on the same prompts
+    """How far ours is from theirs on `measure` ("alpha": the difference of accepted over judged; "tokens_per_call":
+    the ratio of generated over target calls), with the 95% interval of that margin over paired bootstrap resamples of
+    the prompts (a resample draws prompts, both drafters' runs on each): "level" where the interval holds no margin."""
+    ours, theirs = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
+    columns, combine, none = {"alpha": ((0, 1), np.subtract, 0.0), "tokens_per_call": ((2, 3), np.divide, 1.0)}[measure]
+    picks = np.vstack([np.arange(len(ours)), np.random.default_rng(seed).integers(0, len(ours), (draws, len(ours)))])
+
+    def pooled(rows):  # [resamples]: each resample's sum of the numerator over its sum of the denominator
+        return rows[picks, columns[0]].sum(axis=1) / rows[picks, columns[1]].sum(axis=1)
+
+    margins = combine(pooled(ours), pooled(theirs))
+    low, high = np.percentile(margins[1:], [2.5, 97.5])
+    verdict = "level" if low <= none <= high else ("ahead" if low > none else "behind")
+    return {"measure": measure, "margin": float(margins[0]), "interval_95": [float(low), float(high)],
+            "prompts": len(ours), "verdict": verdict}

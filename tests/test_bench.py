@@ -643,3 +643,19 @@ def test_the_drafters_bench_builds_kangaroo_at_its_confidence_threshold(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--confidence_threshold", "1.5"])
     assert "--confidence_threshold must be a number in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_a_paired_margin_is_level_inside_its_interval_and_named_outside_it():
+    paired_margin = load_bench("spec_stats").paired_margin
+    rng = np.random.default_rng(0)
+    judged = rng.integers(20, 40, 64)
+    theirs = [[round(0.7 * n), n, 60, 20] for n in judged]  # alpha 0.7, 3 tokens per target call
+    same = paired_margin(theirs, theirs, "alpha")
+    assert same["margin"] == 0 and same["verdict"] == "level" and same["prompts"] == 64
+    better = [[round(0.9 * n), n, 80, 20] for n in judged]
+    assert paired_margin(better, theirs, "alpha")["verdict"] == "ahead"
+    assert paired_margin(theirs, better, "alpha")["verdict"] == "behind"
+    ratio = paired_margin(better, theirs, "tokens_per_call")
+    assert ratio["margin"] == pytest.approx(4 / 3) and ratio["interval_95"][0] <= 4 / 3 <= ratio["interval_95"][1]
+    noisy = [[a + d, n, 60, 20] for (a, n, *_), d in zip(theirs, rng.integers(-3, 4, 64))]  # a wobble, no margin
+    assert paired_margin(noisy, theirs, "alpha")["verdict"] == "level"
