@@ -12,6 +12,7 @@ import tomllib
 import pytest
 
 from conftest import REPO
+from drafters.heads import load_head, training_budget
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 DOC_PAGES = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "docs").glob("*.md"))
@@ -231,6 +232,10 @@ def test_the_drafters_table_is_the_committed_benchmark():
     cell = lambda row: f"{row['speedup']['median']:.2f}x ({row['predicted_speedup']:.2f}x)"
     for cells, drafter in zip(table, drafters):
         open_row = rows[(drafter, "open", 0)]
-        assert cells[1:] == [f"{open_row['c']:.2f}", f"{open_row['alpha']:.2f}", cell(open_row),
+        assert cells[2:] == [f"{open_row['c']:.2f}", f"{open_row['alpha']:.2f}", cell(open_row),
                              cell(rows[(drafter, "copy", 0)]), cell(rows[(drafter, "structured", 0)]),
                              cell(rows[(drafter, "open", 1)])]
+        head = {"eagle-chain": "eagle", "medusa-chain": "medusa", "kangaroo": "kangaroo"}.get(drafter)
+        if head:  # the budget beside the row: every run the head was continued from (drafters/heads.training_budget)
+            budget = training_budget(load_head(REPO / "models" / f"teach-{head}")[1])
+            assert cells[1] == f"{budget['steps']:,} steps, {budget['tokens'] / 1e6:.1f} M tokens, {budget['hours']:.1f} h"
