@@ -44,7 +44,10 @@ def check_head_folder(name, target_model_size, models_dir):
     if not all(os.path.isfile(os.path.join(folder, file)) for file in ("head.safetensors", "head.json")):
         raise ValueError(f"--draft_model_size {name} reads its trained head from {folder}, which is missing: train it "
                          f"with python tools/train_heads.py --drafter {name}")
-    trained_on = heads.trained_on(folder, heads.read_head_info(folder, drafter=name))
+    info = heads.read_head_info(folder, drafter=name)
+    trained_on = heads.trained_on(folder, info)
+    if name == "kangaroo":  # the adapter reads the target after its exit layer
+        heads.exit_layer_of(folder, info, trained_on.get("n_layer"))
     path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
     if not os.path.isfile(path):
         return

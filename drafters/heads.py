@@ -82,6 +82,17 @@ def trained_on(folder, info):  # -> the hparams of the target the head was train
     return hparams
 
 
+def exit_layer_of(folder, info, n_layer=None):  # -> a Kangaroo head's exit layer
+    """head.json's "exit_layer", the target's layers the adapter reads after: an integer in [1, n_layer - 1] (n_layer
+    where known), or a one-line ValueError naming the file."""
+    layer = info.get("exit_layer")
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1 or (n_layer is not None and layer >= n_layer):
+        within = "an integer >= 1" if n_layer is None else f"an integer in [1, {n_layer - 1}]"
+        raise ValueError(f"{Path(folder) / 'head.json'} must give the adapter's \"exit_layer\", {within}; "
+                         f"got {layer!r}")
+    return layer
+
+
 def load_head(folder, drafter=None):  # -> (params, info)
     """A head saved by save_head, as float32; drafter: the kind expected (an error names what the folder holds)."""
     folder = Path(folder)
@@ -109,7 +120,8 @@ def training_budget(info):  # -> {"runs", "steps", "tokens", "hours"}: everythin
     tokens = 0
     for run in runs:
         recipe = run["recipe"]
-        continuations = recipe.get("continued", 0) * (recipe.get("prompt_tokens", 0) + recipe.get("continued_tokens", 0))
+        continued_row = recipe.get("prompt_tokens", 0) + recipe.get("continued_tokens", 0)
+        continuations = recipe.get("continued", 0) * continued_row
         tokens += run["steps_done"] * (recipe["batch_size"] * recipe["seq_len"] + continuations)
     return {"runs": len(runs), "steps": sum(run["steps_done"] for run in runs), "tokens": tokens,
             "hours": sum(run["minutes"] for run in runs) / 60}

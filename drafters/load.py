@@ -10,7 +10,7 @@ from pathlib import Path
 import gpt2
 from drafters.eagle2 import EagleTree
 from drafters.early_exit import EARLY_EXIT, EarlyExit
-from drafters.heads import load_head, trained_on
+from drafters.heads import exit_layer_of, load_head, trained_on
 from drafters.kangaroo import CONFIDENCE_THRESHOLD, AdaptedEarlyExit
 from drafters.medusa import MedusaDraft
 from verifiers.tree import DEFAULT_N_NODES
@@ -40,4 +40,5 @@ def load_drafter(name, target, models_dir=None, exit_layer=None, n_nodes=None, c
     if name == "medusa":
         return MedusaDraft(target, head, accuracies=info.get("accuracies"), n_nodes=n_nodes)
     stop = CONFIDENCE_THRESHOLD if confidence_threshold is None else confidence_threshold
-    return AdaptedEarlyExit(target, head, exit_layer=info["exit_layer"], confidence_threshold=stop)
+    exit_layer = exit_layer_of(folder, info, target.hparams["n_layer"])
+    return AdaptedEarlyExit(target, head, exit_layer=exit_layer, confidence_threshold=stop)

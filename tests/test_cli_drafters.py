@@ -5,7 +5,9 @@ that at temperature 0 every run writes the autoregressive tokens and reports its
 refused in one line."""
 
 import inspect
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +169,21 @@ def test_a_broken_head_json_is_one_line_naming_the_file_before_loading(tmp_path,
     (tmp_path / "teach-eagle" / "head.json").write_text(text)
     result = run_main("--draft_model_size", "eagle", "--n_tokens_to_generate", "4", models_dir=tmp_path)
     assert_short_error(result, f"error: {tmp_path / 'teach-eagle'}/{message}")
+
+
+@pytest.mark.parametrize("exit_layer", [None, 8, "2"])
+def test_a_kangaroo_head_without_a_usable_exit_layer_is_one_line_naming_the_file_before_loading(tmp_path, exit_layer):
+    (tmp_path / "teach-target").symlink_to(f"{main.flags.BUNDLED_MODELS_DIR}/teach-target")
+    bundled = Path(main.flags.BUNDLED_MODELS_DIR) / "teach-kangaroo"
+    (tmp_path / "teach-kangaroo").mkdir()
+    (tmp_path / "teach-kangaroo" / "head.safetensors").symlink_to(bundled / "head.safetensors")
+    info = {key: value for key, value in json.loads((bundled / "head.json").read_text()).items() if key != "exit_layer"}
+    (tmp_path / "teach-kangaroo" / "head.json").write_text(json.dumps(
+        info if exit_layer is None else {**info, "exit_layer": exit_layer}))
+    result = run_main("--draft_model_size", "kangaroo", "--n_tokens_to_generate", "4", models_dir=tmp_path)
+    folder = tmp_path / "teach-kangaroo"
+    assert_short_error(result, f"error: {folder}/head.json must give the adapter's \"exit_layer\", an integer in "
+                               f"[1, 7]; got {exit_layer!r}")
 
 
 def test_an_unknown_draft_lists_the_model_folders_and_the_drafters_without_one():
