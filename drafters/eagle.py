@@ -47,6 +47,7 @@ import numpy as np
 import gpt2
 import sampling
 from drafters.features import host_embeddings, true_states
+from drafters.heads import check_shapes
 from kvcache.contract import cache_resume
 
 def init_head(hparams, rng):
@@ -103,9 +104,7 @@ class EagleDraft:
     def __init__(self, target, head):
         self.wte, self.unembedding = host_embeddings(target, "EAGLE's head")
         n_embd = target.hparams["n_embd"]
-        if np.shape(head["fc"]["w"]) != (2 * n_embd, n_embd):
-            raise ValueError(f"the head's fc must be [{2 * n_embd}, {n_embd}] for a target of n_embd {n_embd}, got "
-                             f"{list(np.shape(head['fc']['w']))}")
+        check_shapes(head, {"fc/w": (2 * n_embd, n_embd)}, "the head", f"a target of n_embd {n_embd}")
         self.target, self.head, self.n_head = target, head, target.hparams["n_head"]
         self.n_vocab, self.n_ctx, self.taps = target.n_vocab, target.n_ctx, head_taps(head)
         if self.taps and not 1 <= self.taps[0] <= self.taps[-1] < target.hparams["n_layer"]:

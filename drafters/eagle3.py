@@ -49,6 +49,7 @@ from drafters import eagle
 from drafters.eagle2 import EagleTree
 from drafters.features import true_states
 from drafters.frspec import check_vocabulary, spread_logits
+from drafters.heads import check_shapes
 
 
 def default_layers(n_layer):  # -> the blocks after which the reference taps the residual stream: 2, n/2, n-3
@@ -98,11 +99,8 @@ class Eagle3Draft(EagleTree):
         self.vocabulary = check_vocabulary(d2t_vocabulary(d2t), target.n_vocab)  # sorted and unique
         if len(self.vocabulary) != len(d2t) or not np.array_equal(self.vocabulary, d2t_vocabulary(d2t)):
             raise ValueError("d2t must map the draft ids to increasing target ids")
-        expected = {"fc": (len(self.layers) * n_embd, n_embd), "lm_head": (n_embd, len(d2t))}
-        for name, shape in expected.items():
-            if np.shape(head[name]["w"]) != shape:
-                raise ValueError(f"the head's {name} must be {list(shape)} for {len(self.layers)} taps of a target of "
-                                 f"n_embd {n_embd} and {len(d2t)} draft ids, got {list(np.shape(head[name]['w']))}")
+        check_shapes(head, {"fc/w": (len(self.layers) * n_embd, n_embd), "lm_head/w": (n_embd, len(d2t))}, "the head",
+                     f"{len(self.layers)} taps of a target of n_embd {n_embd} and {len(d2t)} draft ids")
         super().__init__(target, head["midlayer"], n_nodes)  # self.head: the midlayer, as eagle.head_forward reads it
         self.eagle3 = head
         self.t2d = np.isin(np.arange(self.n_vocab), self.vocabulary)  # [n_vocab]: inside the draft vocabulary

@@ -26,6 +26,18 @@ def flatten(tree, prefix=""):  # nested dicts and lists of arrays -> {"a/0/b": a
     return flat
 
 
+def check_shapes(arrays, expected, what, context):  # expected: {"fc/w": shape, ...}, named as flatten names them
+    """A one-line ValueError unless `arrays` (nested dicts and lists) hold every array of `expected` with its shape:
+    "<what>: fc.w must be [768, 384] for <context>, got [128, 64]", or "<what>: no fc.w"."""
+    flat = flatten(arrays) if isinstance(arrays, (dict, list)) else {}
+    for name, shape in expected.items():
+        dotted = name.replace("/", ".")
+        if name not in flat:
+            raise ValueError(f"{what}: no {dotted} (it nests as its init function builds it)")
+        if flat[name].shape != tuple(shape):
+            raise ValueError(f"{what}: {dotted} must be {list(shape)} for {context}, got {list(flat[name].shape)}")
+
+
 def unflatten(flat):  # {"a/0/b": array} -> nested dicts, a level whose keys are 0..n-1 a list
     tree = {}
     for name, array in flat.items():

@@ -35,13 +35,13 @@ changes speed only: each proposed token is drawn from exactly the p that enters 
 on the draft's own prefix.
 """
 
-import functools
 import numbers
 
 import numpy as np
 
 import gpt2
 from drafters.early_exit import EarlyExit
+from drafters.heads import check_shapes
 from kvcache.contract import common_prefix_length
 
 
@@ -52,29 +52,16 @@ def is_confidence_threshold(value):  # a number in [0, 1] (not a bool, not NaN)
     return not isinstance(value, bool) and isinstance(value, numbers.Real) and 0 <= value <= 1
 
 
-def adapter_shapes(n_embd):  # -> the adapter's parts, nested and named as in a GPT-2 block, with their shapes
-    norm = {"g": (n_embd,), "b": (n_embd,)}
-    c_attn = {"w": (n_embd, 3 * n_embd), "b": (3 * n_embd,)}  # [n, n_embd] -> q, k and v [n, 3*n_embd]
-    c_proj = {"w": (n_embd, n_embd), "b": (n_embd,)}  # the heads merged [n, n_embd] -> [n, n_embd]
-    return {"ln_1": norm, "attn": {"c_attn": c_attn, "c_proj": c_proj}, "ln_f": norm}
-
-
-def leaves(tree, path=()):  # nested dicts -> (path, leaf) pairs, path a tuple of keys
-    for key, value in tree.items():
-        yield from leaves(value, (*path, key)) if isinstance(value, dict) else [((*path, key), value)]
+def adapter_shapes(n_embd):  # -> the adapter's arrays, named as in a GPT-2 block (flatten's names), and their shapes
+    return {"ln_1/g": (n_embd,), "ln_1/b": (n_embd,),
+            "attn/c_attn/w": (n_embd, 3 * n_embd), "attn/c_attn/b": (3 * n_embd,),  # [n, n_embd] -> q, k, v
+            "attn/c_proj/w": (n_embd, n_embd), "attn/c_proj/b": (n_embd,),  # the heads merged [n, n_embd] -> same
+            "ln_f/g": (n_embd,), "ln_f/b": (n_embd,)}
 
 
 def check_adapter(adapter, n_embd):
-    """A one-line ValueError unless the adapter has adapter_shapes(n_embd)'s parts with their shapes."""
-    for path, shape in leaves(adapter_shapes(n_embd)):
-        name = ".".join(path)
-        try:
-            got = np.shape(functools.reduce(lambda tree, key: tree[key], path, adapter))
-        except (KeyError, TypeError, IndexError):
-            raise ValueError(f"the adapter has no {name} (it nests like drafters.kangaroo.init_adapter's)") from None
-        if got != shape:
-            raise ValueError(f"the adapter's {name} must be {list(shape)} for a target of n_embd {n_embd}, got "
-                             f"{list(got)}")
+    """A one-line ValueError unless the adapter holds adapter_shapes(n_embd)'s arrays with their shapes."""
+    check_shapes(adapter, adapter_shapes(n_embd), "the adapter", f"a target of n_embd {n_embd}")
 
 
 def init_adapter(hparams, rng, ln_f):

@@ -39,6 +39,7 @@ import numpy as np
 import gpt2
 import sampling
 from drafters.features import host_embeddings, true_features
+from drafters.heads import check_shapes
 from verifiers.tree import DEFAULT_N_NODES, TokenTree, check_n_nodes
 
 LOSS_DECAY = 0.8  # Medusa-1's loss weights lambda_k = 0.8^k: a far head's loss counts less, its token is harder
@@ -121,12 +122,11 @@ class MedusaDraft:
     def __init__(self, target, heads, accuracies=None, n_nodes=DEFAULT_N_NODES):
         _, self.unembedding = host_embeddings(target, "Medusa's heads")
         n_embd, n_heads = target.hparams["n_embd"], len(heads["heads"])
-        shapes = [(list(np.shape(head["w"])), list(np.shape(head["b"]))) for head in heads["heads"]]
-        wrong = [k for k, shape in enumerate(shapes) if shape != ([n_embd, n_embd], [n_embd])]
-        if n_heads < 1 or wrong:
-            got = f"head {wrong[0]} holds w {shapes[wrong[0]][0]} and b {shapes[wrong[0]][1]}" if wrong else "no head"
-            raise ValueError(f"each head must hold w [{n_embd}, {n_embd}] and b [{n_embd}] for a target of n_embd "
-                             f"{n_embd}, got {got}")
+        if n_heads < 1:
+            raise ValueError("Medusa's heads: no head")
+        check_shapes(heads, {f"heads/{k}/{part}": shape for k in range(n_heads)
+                             for part, shape in (("w", (n_embd, n_embd)), ("b", (n_embd,)))},
+                     "Medusa's heads", f"a target of n_embd {n_embd}")
         if accuracies is not None:
             accuracies = np.asarray(accuracies, dtype=np.float64)
             if accuracies.ndim != 2 or len(accuracies) != n_heads or not np.all((accuracies >= 0) & (accuracies <= 1)):

@@ -181,7 +181,7 @@ def test_bad_targets_and_heads_are_refused(bundled):
     _, target, head = bundled
     with pytest.raises(ValueError, match="gpt2.GPT2Model"):
         EagleDraft(lossless.CachedTableModel(lossless.random_context_table(4, 0)), head)
-    with pytest.raises(ValueError, match=r"the head's fc must be \[768, 384\] for a target of n_embd 384, got \[128, 64\]"):
+    with pytest.raises(ValueError, match=r"the head: fc.w must be \[768, 384\] for a target of n_embd 384, got \[128, 64\]"):
         EagleDraft(target, init_head({"n_embd": 64}, np.random.default_rng(0)))
     for taps in [(0,), (8,)]:
         with pytest.raises(ValueError, match=r"blocks 1..8, and the last one's stream is f itself"):

@@ -145,9 +145,9 @@ def test_greedy_tokens_equal_autoregressive_decoding_on_a_tiny_gpt2():
 
 def test_bad_heads_are_refused_in_one_line(bundled):
     _, target, head, d2t = bundled
-    with pytest.raises(ValueError, match=r"^the head's fc must be \[768, 384\] for 2 taps .* got \[1152, 384\]$"):
+    with pytest.raises(ValueError, match=r"^the head: fc.w must be \[768, 384\] for 2 taps .* got \[1152, 384\]$"):
         Eagle3Draft(target, head, 4, d2t, layers=(2, 4))
-    with pytest.raises(ValueError, match=r"^the head's lm_head must be \[384, 3\] .* got \[384, 1024\]$"):
+    with pytest.raises(ValueError, match=r"^the head: lm_head.w must be \[384, 3\] .* got \[384, 1024\]$"):
         Eagle3Draft(target, head, 4, vocabulary_d2t([0, 1, 2]))
     with pytest.raises(ValueError, match=r"^d2t must map the draft ids to increasing target ids$"):
         Eagle3Draft(target, head, 4, np.array([5, -1]))

@@ -204,12 +204,12 @@ def test_adapter_forward_on_jax_equals_numpy_one_sequence_and_under_vmap():
 def test_adapters_that_do_not_fit_the_target_and_bad_thresholds_are_refused(bundled):
     _, target, adapter = bundled
     narrow = init_adapter({"n_embd": 64}, np.random.default_rng(0), {"g": np.ones(64), "b": np.zeros(64)})
-    message = r"^the adapter's ln_1.g must be \[384\] for a target of n_embd 384, got \[64\]$"
+    message = r"^the adapter: ln_1.g must be \[384\] for a target of n_embd 384, got \[64\]$"
     with pytest.raises(ValueError, match=message):
         AdaptedEarlyExit(target, narrow, EXIT_LAYER)
-    with pytest.raises(ValueError, match=r"^the adapter has no ln_f.g \(it nests like"):
+    with pytest.raises(ValueError, match=r"^the adapter: no ln_f.g \(it nests as its init function builds it\)$"):
         AdaptedEarlyExit(target, {key: adapter[key] for key in ("ln_1", "attn")}, EXIT_LAYER)
-    with pytest.raises(ValueError, match=r"^the adapter's ln_f.g must be \[8\] for a target of n_embd 8, got \[9\]$"):
+    with pytest.raises(ValueError, match=r"^the adapter: ln_f.g must be \[8\] for a target of n_embd 8, got \[9\]$"):
         init_adapter(TINY, np.random.default_rng(0), {"g": np.ones(9), "b": np.zeros(9)})
     for threshold in (-0.1, 1.5, True, "0.5", None):
         with pytest.raises(ValueError, match=r"^the confidence threshold must be a number in \[0, 1\], got "):
