@@ -82,7 +82,7 @@ def patched_class(bug):
     return patched
 
 
-EAGLE_STEP = "features, tokens = features[-1:], np.array(drafts[-1:], dtype=np.int64)"
+EAGLE_STEP = "features, tokens = features[-1:], np.array([drafted], dtype=np.int64)"
 
 BUGS = [
     DrafterBug(Variant(
@@ -120,9 +120,9 @@ BUGS = [
         "vllm-project/vllm#14649 (EAGLE / MTP doesn't overwrite approximated hidden states / KV cache)",
         "the head's slots of accepted drafts keep the pairs it drafted with, its own predicted feature in place of "
         "the target's true one, so the next proposal reads approximations the verification had replaced",
-        (Patch(eagle, "EagleDraft.propose", EAGLE_STEP, f"""
+        (Patch(eagle, "EagleDraft.chain_logits", EAGLE_STEP, f"""
             {EAGLE_STEP}
-            self.fed = np.append(x, drafts[:-1])  # (bug) the drafted pairs kept as if they were true
+            self.fed = np.append(self.fed, drafted)  # (bug) the drafted pair kept as if it were true
             """),)), EagleDraft, "eagle"),
 ]
 

@@ -13,9 +13,10 @@ low, a middle and a high layer's residual streams fused, one draft layer, and a 
 vocabulary, as a chain or EAGLE-2's tree. medusa.py: Medusa-1's heads (arXiv 2401.10774), each a residual block on the
 target's feature predicting a token further ahead, drafting a chain or a sparse tree. A drafter plugs into the loop as
 speedup/drafts.PromptLookup does (`propose(x, K, settings, rng, stats)` -> drafts, p), and a tree drafter through
-`draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are. The target's
-features (and the streams it taps for a fused head) come from drafters/features.true_states, which reads the rows
-gpt2.GPT2Model keeps beside its KV cache. The heads are trained by tools/train_heads.py and kept on disk by
+`draft_tree` (verifiers/tree.py's drafts="dynamic"), so sampling.py and verifiers/ stay as they are; the chain
+drafters (EAGLE's heads, the early exit, Kangaroo) share one proposal loop (chain.py), each giving its step. The
+target's features (and the streams it taps for a fused head) come from drafters/features.true_states, which reads the
+rows gpt2.GPT2Model keeps beside its KV cache. The heads are trained by tools/train_heads.py and kept on disk by
 drafters/heads.py.
 
 Why an untrained exit accepts little: ln_f and the unembedding were trained to read the residual stream after the

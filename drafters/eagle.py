@@ -40,12 +40,10 @@ the unembedding each. (A target built with use_cache=False keeps no features: tr
 forward at every proposal, as that target recomputes everything at every call anyway.)
 """
 
-import time
-
 import numpy as np
 
 import gpt2
-import sampling
+from drafters.chain import propose_chain
 from drafters.features import host_embeddings, true_states
 from drafters.heads import check_shapes
 from kvcache.contract import cache_resume
@@ -141,19 +139,18 @@ class EagleDraft:
         return start
 
     def propose(self, x, K, settings, rng, stats):  # -> drafts [K or 0], p [K or 0, n_vocab]
-        """K tokens drawn one by one from the head's p, each fed back beside the head's feature; the last is never
-        fed. A prompt of one token has no feature yet: no drafts."""
-        started = time.perf_counter()
-        x = np.array(x, dtype=np.int64)  # a copy: the head remembers it (`fed`), the caller may change its array
-        drafts, p = [], []
-        if K > 0 and len(x) >= 2:
-            start = self.resume(x)
-            features, tokens = self.true_reads(x[:-1], start), self.paired_tokens(x)[start:]
-            for _ in range(K):
-                features, logits = self.head_logits(features, tokens, start)
-                p.append(sampling.logits_to_probs(logits, settings))
-                drafts.append(sampling.sample(p[-1], rng))  # drawn from exactly the p that enters q/p
-                start += len(tokens)  # the next free slot, where the head's own pair goes
-                features, tokens = features[-1:], np.array(drafts[-1:], dtype=np.int64)
-        stats.record_call("draft", time.perf_counter() - started, steps=len(drafts))
-        return np.array(drafts, dtype=np.int64), np.array(p, dtype=np.float32).reshape(len(drafts), self.n_vocab)
+        """K tokens drawn one by one from the head's p (drafters/chain.propose_chain, stepping by chain_logits)."""
+        return propose_chain(self.chain_logits, x, K, settings, rng, stats, self.n_vocab)
+
+    def chain_logits(self, x):  # yields each draft's logits [n_vocab]; is sent the token drawn from them
+        """EAGLE's chain: the head reads the true pairs it lacks, then each drafted token beside its own predicted
+        feature; the last draft is never fed. A prompt of one token has no feature yet: no drafts."""
+        if len(x) < 2:
+            return
+        start = self.resume(x)
+        features, tokens = self.true_reads(x[:-1], start), self.paired_tokens(x)[start:]
+        while True:
+            features, logits = self.head_logits(features, tokens, start)
+            drafted = yield logits
+            start += len(tokens)  # the next free slot, where the head's own pair goes
+            features, tokens = features[-1:], np.array([drafted], dtype=np.int64)

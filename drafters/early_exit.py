@@ -32,12 +32,11 @@ the unembedding's share of a decode step; the verification saves L blocks for al
 acceptance of an untrained exit is low (docs/DRAFTERS.md).
 """
 
-import time
-
 import numpy as np
 
 import gpt2
 import sampling
+from drafters.chain import propose_chain
 from drafters.features import host_embeddings
 from kvcache.contract import cache_resume, common_prefix_length
 
@@ -116,22 +115,20 @@ class EarlyExit:
         return self.exit_logits(new_tokens, start)[-n_last:]
 
     def propose(self, x, K, settings, rng, stats):  # -> drafts [<= K], p [<= K, n_vocab]
-        """Up to K tokens drawn one by one from the exit's p, each fed back for the next; the last is never fed. The
-        chain stops early where keeps_drafting says so."""
-        started = time.perf_counter()
-        x = np.asarray(x, dtype=np.int64)
-        drafts, p = [], []
-        if K > 0:
-            start, new_tokens = self.resume(x, n_last=1)
-        for _ in range(K):
+        """Up to K tokens drawn one by one from the exit's p (drafters/chain.propose_chain, stepping by
+        chain_logits)."""
+        return propose_chain(self.chain_logits, x, K, settings, rng, stats, self.n_vocab)
+
+    def chain_logits(self, x):  # yields each draft's logits [n_vocab]; is sent the token drawn from them
+        """The exit's chain: x's tokens the target's cache lacks, then each draft fed back for the next; the last is
+        never fed. The chain stops early where keeps_drafting says so."""
+        start, new_tokens = self.resume(x, n_last=1)
+        while True:
             logits = self.exit_logits(new_tokens, start)[-1]
-            p.append(sampling.logits_to_probs(logits, settings))
-            drafts.append(sampling.sample(p[-1], rng))  # drawn from exactly the p that enters q/p
+            drafted = yield logits
             if not self.keeps_drafting(logits):
-                break
-            start, new_tokens = start + len(new_tokens), np.array(drafts[-1:], dtype=np.int64)
-        stats.record_call("draft", time.perf_counter() - started, steps=len(drafts))
-        return np.array(drafts, dtype=np.int64), np.array(p, dtype=np.float32).reshape(len(drafts), self.n_vocab)
+                return
+            start, new_tokens = start + len(new_tokens), np.array([drafted], dtype=np.int64)
 
     def keeps_drafting(self, logits):
         """Whether to draft after the token these logits gave: always, for the untrained exit (Kangaroo stops a chain
