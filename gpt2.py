@@ -47,22 +47,24 @@ def gelu(x):  # [...] -> [...]
     return 0.5 * x * (1 + xp.tanh(GELU_SCALE * (x + 0.044715 * x * x * x)))  # x * x * x: NumPy's x**3 is 10x slower
 
 
-# Reductions are written as methods, x.sum(...) rather than np.sum(x, ...) or np.mean: on the small arrays of a
-# decode step NumPy's function wrappers cost more than the sums themselves (0.4 ms of a GPT-2 124M step).
+# Reductions are methods, x.sum(...), not np.sum(x, ...): on a decode step's arrays NumPy's wrappers outcost the sums.
 
 
 def softmax(x):  # [..., n] -> [..., n], each row sums to 1
-    xp = array_module(x)
-    exp_x = xp.exp(x - x.max(axis=-1, keepdims=True))
+    exp_x = array_module(x).exp(x - x.max(axis=-1, keepdims=True))
     return exp_x / exp_x.sum(axis=-1, keepdims=True)
 
 
+def log_softmax(x):  # [..., n] -> [..., n], each entry <= 0: log(softmax(x)), with no exp underflowing to log(0)
+    xp, shifted = array_module(x), x - x.max(axis=-1, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
-    xp = array_module(x)
     n = x.shape[-1]
     centered = x - x.sum(axis=-1, keepdims=True) / n
     variance = (centered * centered).sum(axis=-1, keepdims=True) / n
-    return g * centered / xp.sqrt(variance + eps) + b
+    return g * centered / array_module(x).sqrt(variance + eps) + b
 
 
 def linear(x, w, b):  # [m, n_in] @ [n_in, n_out] + [n_out] -> [m, n_out]
@@ -99,8 +101,7 @@ def split_qkv_heads(qkv, n_head):  # [n_seq, 3*n_embd] -> [3, n_head, n_seq, hea
 
 
 def merge_heads(x):  # [n_head, n_seq, head_dim] -> [n_seq, n_head*head_dim]
-    xp = array_module(x)
-    return xp.swapaxes(x, 0, 1).reshape(x.shape[1], -1)
+    return x.swapaxes(0, 1).reshape(x.shape[1], -1)
 
 
 def write_cache(buffer, new, start):  # [n_head, n_ctx, d], [n_head, n_new, d] -> buffer, [n_head, n_k, d]
@@ -166,8 +167,7 @@ def check_inputs(inputs, start, n_vocab, n_ctx, cached):
         raise ValueError(f"token ids must lie in [0, {n_vocab}), got {np.min(inputs)}..{np.max(inputs)}")
 
 
-def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding=None, positions=None,
-                    mask=None):
+def gpt2_with_cache(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, unembedding=None, positions=None, mask=None):
     """gpt2() that also returns the updated cache (JAX's buffers are new arrays, not updated in place)."""
     states, new_cache = hidden_states(inputs, wte, wpe, blocks, ln_f, n_head, cache, start, positions, mask)
     return unembed(states[-1], wte, unembedding), new_cache

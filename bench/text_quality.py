@@ -39,8 +39,7 @@ def perplexity(tokens, params, hparams):
     for start in range(0, len(tokens) - 1, hparams["n_ctx"]):
         window = np.asarray(tokens[start:start + hparams["n_ctx"] + 1])
         logits = gpt2.gpt2(window[:-1], **params, n_head=hparams["n_head"]).astype(np.float64)  # sums need float64
-        log_probs = logits - logits.max(-1, keepdims=True)
-        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        log_probs = gpt2.log_softmax(logits)
         nll -= log_probs[np.arange(len(window) - 1), window[1:]].sum()
         count += len(window) - 1
     return math.exp(nll / count)

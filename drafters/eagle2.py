@@ -30,14 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import gpt2
 from drafters.eagle import EagleDraft, head_forward
 from kvcache.tree import tree_ancestry, tree_mask
 from verifiers.tree import TokenTree, check_n_nodes
-
-
-def log_softmax(logits):  # [m, n_vocab] -> [m, n_vocab], every entry <= 0
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 @dataclass
@@ -132,6 +128,6 @@ class EagleTree(EagleDraft):
 
     def read_out(self, grown, nodes, predicted, n_drafts):
         """Each node's children, ranked by the head's raw log-softmax after it (predicted [len(nodes), n_embd])."""
-        log_probs = log_softmax(self.readout(predicted))  # [len(nodes), n_vocab], untempered
+        log_probs = gpt2.log_softmax(self.readout(predicted))  # [len(nodes), n_vocab], untempered
         for node, feature, row in zip(nodes, predicted, log_probs):
             grown.expand(node, feature, row, n_drafts)

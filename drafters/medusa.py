@@ -85,10 +85,8 @@ def loss_weights(n_heads):  # -> [n_heads] float32: lambda_k = 0.8^k, k = 1..n_h
 
 def head_loss(features, labels, heads, unembedding):  # [m, n_embd], [m, n_heads] -> a scalar
     """Medusa-1's loss: sum over heads of lambda_k times head k's cross-entropy, averaged over the features."""
-    logits = head_logits(features, heads, unembedding)  # [m, n_heads, n_vocab]
-    xp = gpt2.array_module(logits)
-    top = logits.max(axis=-1, keepdims=True)
-    log_probs = logits - top - xp.log(xp.exp(logits - top).sum(axis=-1, keepdims=True))
+    log_probs = gpt2.log_softmax(head_logits(features, heads, unembedding))  # [m, n_heads, n_vocab]
+    xp = gpt2.array_module(log_probs)
     picked = xp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # [m, n_heads]
     return -(picked.mean(axis=0) * loss_weights(len(heads["heads"]))).sum()
 

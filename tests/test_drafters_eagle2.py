@@ -19,7 +19,7 @@ from classroom import exact_law
 from conftest import bundled_pair_after
 from drafters import eagle2
 from drafters.eagle import head_forward, init_head
-from drafters.eagle2 import EagleTree, GrownTree, log_softmax, rerank
+from drafters.eagle2 import EagleTree, GrownTree, rerank
 from gpt2_cases import random_params
 from helpers import TINY, GPT2Problem, TinyGPT2Context
 from speedup.stats import SpeculativeStats
@@ -45,7 +45,7 @@ def chain_log_probs(target, head, x, path):  # -> [n_vocab]: the head's log-prob
         inputs = np.concatenate([features, params["wte"][tokens]], axis=-1) @ head["fc"]["w"] + head["fc"]["b"]
         predicted, _ = gpt2.transformer_block(inputs, **head["block"], n_head=n_head)  # causal: no cache needed
         features, tokens = np.concatenate([features, predicted[-1:]]), np.append(tokens, path[t:t + 1])
-    return log_softmax(predicted[-1:] @ params["wte"].T)[0]
+    return gpt2.log_softmax(predicted[-1:] @ params["wte"].T)[0]
 
 
 def path_of(parents, tokens, node):  # -> the tokens from the root down to node

@@ -89,6 +89,18 @@ def test_gelu_softmax_layer_norm_values():
     np.testing.assert_allclose(gpt2.layer_norm(x, g, b), norm64, rtol=1e-5, atol=1e-5)
 
 
+def test_log_softmax_is_the_log_of_softmax_and_stays_finite_where_softmax_underflows():
+    """The drafters rank by it and bench/text_quality.py scores by it: log(softmax) to float32 rounding, and a token
+    far below the top keeps its log-probability where softmax rounds its probability to 0."""
+    x = np.linspace(-6, 6, 97, dtype=np.float32).reshape(1, -1)
+    x64 = x.astype(np.float64)
+    log_softmax64 = x64 - x64.max() - np.log(np.exp(x64 - x64.max()).sum())
+    assert gpt2.log_softmax(x).dtype == np.float32
+    np.testing.assert_allclose(gpt2.log_softmax(x), log_softmax64, rtol=1e-6, atol=1e-6)
+    far = np.float32([[0.0, -200.0]])
+    assert gpt2.softmax(far)[0, 1] == 0 and gpt2.log_softmax(far)[0, 1] == np.float32(-200.0)
+
+
 def test_cached_logits_are_float32(cache_setup):
     params, tokens, _ = cache_setup
     cache = gpt2.empty_cache(CACHE_HPARAMS)
