@@ -25,7 +25,8 @@ along it of the probability that head k's rank-th token is right. Chosen tokens 
 exact whatever ranked them. Medusa's typical acceptance (lossy) is not used here: classroom/verifier_zoo.py
 exhibits it, and its typical_total_variation measures how far it moves the output from the target.
 
-Cost: the heads read one feature, so a proposal is one [n_embd] block and one readout per head. The feature is the
+Cost: the heads read one feature, so a proposal is one [n_embd] block and one readout per head, and a tree reads out
+only the heads its search reaches (a budget of a few nodes may stop short of the last heads). The feature is the
 one the verification call computed anyway: the target keeps it beside its KV cache (drafters/features.true_features
 reads it), so a proposal runs no forward of the target, except the first after a prompt, which feeds the prompt
 through the target's cache once (the first verification then resumes after it).
@@ -91,21 +92,63 @@ def head_loss(features, labels, heads, unembedding):  # [m, n_embd], [m, n_heads
     return -(picked.mean(axis=0) * loss_weights(len(heads["heads"]))).sum()
 
 
-def best_paths(confidence, n_nodes):  # [depth, top] -> up to n_nodes tuples of ranks, each after its parent
+def best_paths(confidence, n_nodes, ceilings=None):  # [depth, top] -> up to n_nodes tuples of ranks, parents first
     """The n_nodes paths (r_1, .., r_d), d <= depth, of highest product of confidence[k-1][r_k]: Medusa's expected
     acceptance of a path. A child's product never exceeds its parent's, so the best paths hold their ancestors,
-    and a best-first search finds them parents first. Paths of product zero are never kept."""
-    frontier = [(-float(c), (rank,)) for rank, c in enumerate(confidence[0]) if c > 0]
-    heapq.heapify(frontier)
-    kept = []
+    and a best-first search finds them parents first. Paths of product zero are never kept.
+
+    Row k is read only when the search may keep a path through it: confidence may read its rows on demand (HeadRanks
+    reads out a head). A kept path's children wait in the frontier as one entry valued at the path's product times
+    ceilings[k], a bound on row k's entries (None: 1, a probability's), and are ranked when that entry comes first:
+    no child could have come before it, and on a tie it comes first, so the paths kept are the same."""
+    depth, ceilings = len(confidence), [1.0] * len(confidence) if ceilings is None else ceilings
+    frontier, kept = [], []  # entries (key, is_path, path, -product): a path's key is its -product
+
+    def await_children(path, negative_score):  # a kept path's children, unranked, keyed by their bound
+        if len(path) < depth and ceilings[len(path)] > 0:
+            heapq.heappush(frontier, (negative_score * float(ceilings[len(path)]), False, path, negative_score))
+
+    await_children((), -1.0)
     while frontier and len(kept) < n_nodes:
-        negative_score, path = heapq.heappop(frontier)
-        kept.append(path)
-        if len(path) < len(confidence):
-            for rank, c in enumerate(confidence[len(path)]):
-                if c > 0:
-                    heapq.heappush(frontier, (negative_score * float(c), (*path, rank)))
+        _, is_path, path, negative_score = heapq.heappop(frontier)
+        if is_path:
+            kept.append(path)
+            await_children(path, negative_score)
+            continue
+        for rank, c in enumerate(confidence[len(path)]):  # the children may come next: rank them
+            if c > 0:
+                child_score = negative_score * float(c)
+                heapq.heappush(frontier, (child_score, True, (*path, rank), child_score))
     return kept
+
+
+class HeadRanks:
+    """best_paths' confidence for Medusa's tree after one feature: row k is the confidence of head k+1's n_drafts
+    most likely tokens (`tokens[k]`, by its untempered p, ties to the lowest id), the head read out the first time the
+    search asks for its row. ceilings: what no entry of a row exceeds, the row's measured accuracies where given."""
+
+    def __init__(self, drafter, feature, depth, n_drafts):
+        self.drafter, self.feature, self.depth, self.n_drafts = drafter, feature, depth, n_drafts
+        self.tokens, self.confidence = [], []  # the rows read, heads 1.. in order
+        accuracies = drafter.accuracies
+        self.ceilings = None if accuracies is None else accuracies[:depth, :n_drafts].max(axis=1)
+
+    def __len__(self):
+        return self.depth
+
+    def __getitem__(self, k):  # -> [n_drafts] the confidence of head k+1's tokens
+        while len(self.confidence) <= k:  # the search reaches head k+1 through head k: they are read in order
+            self.read_head(len(self.confidence))
+        return self.confidence[k]
+
+    def read_head(self, k):  # head k+1's readout alone: the heads the tree never reaches are never read out
+        logits = head_logits(self.feature, {"heads": self.drafter.heads["heads"][k:k + 1]}, self.drafter.unembedding)
+        probs = sampling.softmax(logits[0].astype(np.float64))  # [n_vocab]
+        ranked = np.argsort(-probs, kind="stable")[:self.n_drafts]  # most likely first, ties to the lowest id
+        own = probs[ranked]
+        accuracies = self.drafter.accuracies
+        self.tokens.append(ranked)
+        self.confidence.append(own if accuracies is None else np.where(own > 0, accuracies[k, :self.n_drafts], 0))
 
 
 class MedusaDraft:
@@ -139,8 +182,11 @@ class MedusaDraft:
     def depth(self, x, K):  # -> how many heads draft after x: none before x has a feature at n-2
         return min(K, self.n_heads) if len(x) >= 2 else 0
 
+    def feature_before(self, x):  # -> f_{n-2} [n_embd], the target's feature that produced x[-1]
+        return true_features(self.target, x[:-1], start=len(x) - 2)[0]
+
     def logits_after(self, x, depth):  # -> [depth, n_vocab]: heads 1..depth at the feature that produced x[-1]
-        feature = true_features(self.target, x[:-1], start=len(x) - 2)[0]  # f_{n-2}, [n_embd]
+        feature = self.feature_before(x)
         return head_logits(feature, {"heads": self.heads["heads"][:depth]}, self.unembedding)
 
     def propose(self, x, K, settings, rng, stats):  # -> drafts [min(K, n_heads) or 0], p [same, n_vocab]
@@ -155,24 +201,21 @@ class MedusaDraft:
         stats.record_call("draft", time.perf_counter() - started, steps=depth)  # a step: one head read out
         return np.array(drafts, dtype=np.int64), p
 
-    def draft_tree(self, x, K, n_drafts, settings, stats):  # -> TokenTree of chosen tokens, depth min(K, n_heads)
+    def draft_tree(self, x, K, n_drafts, settings, stats):  # -> TokenTree of chosen tokens, depth <= min(K, n_heads)
         """Medusa's sparse tree: each head's top n_drafts tokens by its untempered p, and the n_nodes paths of
-        highest expected acceptance (fewer where the target's context after x has less room). settings is not read:
-        chosen tokens are verified by the one-hot rule, which is exact whatever ranked them, and an untempered
-        ranking keeps the tree at temperature 0."""
+        highest expected acceptance (fewer where the target's context after x has less room). Only the heads the
+        search reaches are read out (HeadRanks, best_paths): with measured accuracies, a tree that stops at depth d
+        reads heads 1..d (but for exact ties). settings is not read: chosen tokens are verified by the one-hot rule, which is
+        exact whatever ranked them, and an untempered ranking keeps the tree at temperature 0."""
         started = time.perf_counter()
         x = np.asarray(x, dtype=np.int64)
         depth, tree = self.depth(x, K), TokenTree()
         if self.accuracies is not None and n_drafts > self.accuracies.shape[1]:
             raise ValueError(f"n_drafts {n_drafts} asks for more ranks than the {self.accuracies.shape[1]} the heads' "
                              "accuracies were measured for")
-        if depth:
-            probs = sampling.softmax(self.logits_after(x, depth).astype(np.float64))  # [depth, n_vocab]
-            ranked = np.argsort(-probs, axis=-1, kind="stable")[:, :n_drafts]  # most likely first, ties to lowest id
-            own = np.take_along_axis(probs, ranked, axis=-1)  # [depth, n_drafts]
-            confidence = own if self.accuracies is None else np.where(own > 0, self.accuracies[:depth, :n_drafts], 0)
-            nodes = {(): -1}
-            for path in best_paths(confidence, min(self.n_nodes, self.n_ctx - len(x))):  # the context left after x
-                nodes[path] = tree.add_choice(nodes[path[:-1]], ranked[len(path) - 1, path[-1]])
-        stats.record_call("draft", time.perf_counter() - started, steps=depth)
+        ranks = HeadRanks(self, self.feature_before(x) if depth else None, depth, n_drafts)
+        nodes = {(): -1}
+        for path in best_paths(ranks, min(self.n_nodes, self.n_ctx - len(x)), ranks.ceilings):  # the room after x
+            nodes[path] = tree.add_choice(nodes[path[:-1]], ranks.tokens[len(path) - 1][path[-1]])
+        stats.record_call("draft", time.perf_counter() - started, steps=len(ranks.tokens))  # a step: a head read out
         return tree

@@ -270,6 +270,62 @@ def test_best_paths_are_parents_first_and_skip_paths_that_cannot_be_right():
     assert len(best_paths(confidence, 100)) == 2 + 2 + 4  # the paths through rank 1 of head 2 are dropped
 
 
+class LazyRows:  # best_paths' confidence, recording which rows the search reads
+    def __init__(self, rows):
+        self.rows, self.read = rows, set()
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, k):
+        self.read.add(k)
+        return self.rows[k]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_best_paths_under_ceilings_keep_the_same_paths_and_read_no_row_past_them(seed):
+    """Ties included (confidences on a coarse grid): the bounded search keeps what ranking every row at once keeps,
+    and reads row k only if a kept path has k ranks."""
+    rng = np.random.default_rng(seed)
+    confidence = rng.integers(0, 5, size=(4, 3)) / 4
+    ceilings = confidence.max(axis=1)
+    for n_nodes in (1, 3, 7, 40):
+        lazy = LazyRows(confidence)
+        kept = best_paths(lazy, n_nodes, ceilings)
+        assert kept == best_paths(confidence, n_nodes)
+        assert lazy.read <= {len(path) for path in kept} | {0}
+
+
+class RecordingUnembedding:  # the target's unembedding, recording how many rows each readout multiplies
+    __array_ufunc__ = None  # NumPy's matmul defers to __rmatmul__
+
+    def __init__(self, matrix):
+        self.matrix, self.rows = matrix, []
+
+    def __rmatmul__(self, states):  # [..., n_embd] @ it
+        self.rows.append(int(np.prod(states.shape[:-1])))
+        return states @ self.matrix
+
+
+@pytest.mark.parametrize("n_nodes", [3, 6, 60])
+def test_the_tree_reads_out_only_the_heads_it_reaches(bundled, n_nodes):
+    """With measured accuracies (no two alike here: no tie), a tree that stops at depth d reads out heads 1..d, one
+    readout of one row each; its tokens are those of the paths ranked over every head's readout."""
+    tokens, target, heads = bundled
+    accuracies = np.array([[0.17, 0.08, 0.046], [0.093, 0.061, 0.041], [0.068, 0.05, 0.036], [0.054, 0.049, 0.038]])
+    drafter, stats = MedusaDraft(target, heads, accuracies, n_nodes), SpeculativeStats()
+    drafter.unembedding = RecordingUnembedding(drafter.unembedding)
+    tree = drafter.draft_tree(tokens, 4, 3, sampling.GREEDY, stats)
+    depth = max(len(path) for path in tree_paths(tree))
+    assert drafter.unembedding.rows == [1] * depth and stats.draft_calls == depth
+    assert depth < 4 if n_nodes < 60 else depth == 4
+    probs = sampling.softmax(head_logits(true_features(target, tokens[:-1])[-1], heads, drafter.unembedding.matrix)
+                             .astype(np.float64))
+    ranked = np.argsort(-probs, axis=-1, kind="stable")[:, :3]
+    expected = [tuple(int(ranked[k, r]) for k, r in enumerate(path)) for path in best_paths(accuracies, n_nodes)]
+    assert tree_paths(tree) == expected
+
+
 def test_the_tree_is_as_deep_as_the_heads_and_K_allow():
     target, x = gpt2.GPT2Model(random_target(), HPARAMS), np.array([5, 17, 3, 42])
     for n_heads, K in [(2, 5), (4, 3)]:
