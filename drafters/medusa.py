@@ -205,8 +205,8 @@ class MedusaDraft:
         """Medusa's sparse tree: each head's top n_drafts tokens by its untempered p, and the n_nodes paths of
         highest expected acceptance (fewer where the target's context after x has less room). Only the heads the
         search reaches are read out (HeadRanks, best_paths): with measured accuracies, a tree that stops at depth d
-        reads heads 1..d (but for exact ties). settings is not read: chosen tokens are verified by the one-hot rule, which is
-        exact whatever ranked them, and an untempered ranking keeps the tree at temperature 0."""
+        reads heads 1..d (but for exact ties). settings is not read: chosen tokens are verified by the one-hot rule,
+        which is exact whatever ranked them, and an untempered ranking keeps the tree at temperature 0."""
         started = time.perf_counter()
         x = np.asarray(x, dtype=np.int64)
         depth, tree = self.depth(x, K), TokenTree()
