@@ -5,8 +5,9 @@ bundled target with its trained heads, each drafter wired right and with one bug
 
 Each bug keeps the output exact (both wirings must decode the same tokens, or the run stops), so acceptance is all it
 can lose, and only a trained head shows it. A bug whose head is not in --models_dir (tools/train_heads.py writes
-models/teach-eagle, models/teach-medusa and models/teach-eagle3) is reported as skipped, with the reason. Prompts are evenly spaced
-stretches of the held-out text (default: the sample committed in tests/fixtures). Prints one JSON object.
+models/teach-eagle, models/teach-medusa and models/teach-eagle3) is reported as skipped, with the reason. Prompts are
+evenly spaced stretches of the held-out text (default: the sample committed in tests/fixtures). Prints one JSON
+object.
 """
 
 import argparse

@@ -34,8 +34,8 @@ from drafters import eagle, eagle3, medusa
 from drafters.eagle import EagleDraft
 from drafters.eagle3 import Eagle3Draft
 from drafters.medusa import MedusaDraft
-from verifiers.tree import DEFAULT_N_NODES
 from speedup.stats import SpeculativeStats
+from verifiers.tree import DEFAULT_N_NODES
 
 RESIDUAL_AT_REJECTED_TOKEN = Variant(
     "residual_at_rejected_token", "the residual taken at the rejected token only", "SafeAILab/EAGLE#20",
@@ -151,9 +151,9 @@ BUGS += [
     DrafterBug(Variant(
         "d2t_dropped", "EAGLE-3's draft ids read as target ids, its d2t map dropped",
         "sgl-project/SpecForge#18 and PR #25 (the d2t and t2d maps computed, saved and loaded with the draft)",
-        "the head reads out over its draft vocabulary, the most frequent ids, whose draft id i is target id "
-        "i + d2t[i]; without the map its i-th logit is put on target id i, so it proposes the first ids of the "
-        "vocabulary in place of the frequent ones, and almost nothing it drafts is what it meant",
+        "the head reads out over its draft vocabulary, the training tokens' most frequent ids, whose draft id i is "
+        "target id i + d2t[i]; without the map its i-th logit is put on target id i, so it proposes ids 0 to "
+        "size - 1 in place of its vocabulary's, and wherever the two differ it drafts a token it did not mean",
         (Patch(eagle3, "Eagle3Draft.readout", EAGLE3_READOUT,
                "return spread_logits(draft_logits(predicted, self.eagle3), np.arange(len(self.vocabulary)), "
                "self.n_vocab)  # (bug) draft id i read as target id i"),)), Eagle3Draft, "eagle3"),
@@ -190,8 +190,8 @@ ZOO = {bug.variant.name: bug for bug in BUGS}
 def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"right": {...}, "with_bug": {...}}
     """Greedy speculative sampling (sampling.speculative_sampling, temperature 0) of N tokens after each prompt with
     the drafter wired right and with `bug`, on `target` (a gpt2.GPT2Model) and the head's arrays `head` (an
-    Eagle3Head for EAGLE-3's bugs): alpha and tokens per target call of each, over all prompts. Both must give the same tokens (each bug keeps the output
-    exact); an AssertionError says where they do not."""
+    Eagle3Head for EAGLE-3's bugs): alpha and tokens per target call of each, over all prompts. Both must give the
+    same tokens (each bug keeps the output exact); an AssertionError says where they do not."""
     if bug not in BUGS:
         raise ValueError(f"unknown drafter bug {bug!r}: choose one of {', '.join(ZOO)}")
     rows = {}

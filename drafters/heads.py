@@ -2,8 +2,9 @@
 
 head.safetensors holds the head's arrays in float16 (Hugging Face's safetensors format; each array is named by its
 path in the nesting, keys joined by "/": fc/w, block/attn/c_attn/w, heads/0/w), read back as float32. head.json
-says what the arrays are: the drafter ("drafter": eagle, eagle3, medusa, kangaroo), the target they read ("target": its
-folder's name, and its hparams), what the drafter needs beside its arrays, and how they were trained.
+says what the arrays are: the drafter ("drafter": eagle, eagle3, medusa, kangaroo), the target they read ("target":
+its folder's name, and its hparams), what the drafter needs beside its arrays (Kangaroo's exit_layer, EAGLE-3's d2t
+and layers), and how they were trained.
 """
 
 import json

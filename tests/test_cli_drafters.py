@@ -246,7 +246,8 @@ def test_an_unknown_draft_lists_the_model_folders_and_the_drafters_without_one()
     result = run_main("--draft_model_size", "bogus")
     assert_short_error(result, f"error: --draft_model_size: no model 'bogus' in {main.flags.BUNDLED_MODELS_DIR}; "
                                "present: teach-draft, teach-target; downloadable: 124M, 355M, 774M, 1558M; or a "
-                               "drafter without a folder of its own: prompt-lookup, early-exit, eagle, eagle3, medusa, kangaroo")
+                               "drafter without a folder of its own: prompt-lookup, early-exit, eagle, eagle3, medusa, "
+                               "kangaroo")
 
 
 def test_the_cli_page_names_the_drafters_refused_with_jax_as_the_checks_refuse_them(eagle3_models):

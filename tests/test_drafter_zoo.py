@@ -26,7 +26,8 @@ from drafters.eagle import EagleDraft, init_head
 from drafters.heads import save_head
 from drafters.medusa import MedusaDraft, init_heads
 from gpt2_cases import random_params
-from helpers import BUNDLED_DRAFT_VOCABULARY, HPARAMS, TINY, GPT2Problem, TinyGPT2Context, random_target, write_eagle3_head
+from helpers import (BUNDLED_DRAFT_VOCABULARY, HPARAMS, TINY, GPT2Problem, TinyGPT2Context, random_target,
+                     write_eagle3_head)
 from speedup.stats import SpeculativeStats
 
 NAMES = list(drafter_zoo.ZOO)
@@ -126,7 +127,8 @@ def test_the_exact_oracle_passes_every_wiring_bug(name):
 
 
 def two_proposals(drafter_class, kind, target):  # -> p of a proposal after x, then after a verification kept 2
-    drafter, settings = drafter_zoo.build(drafter_class, target, random_head(kind, TINY, 5)), sampling.SamplingSettings()
+    drafter = drafter_zoo.build(drafter_class, target, random_head(kind, TINY, 5))
+    settings = sampling.SamplingSettings()
     x = np.array([1, 2, 0, 3])
     drafts, first = drafter.propose(x, 3, settings, np.random.default_rng(0), SpeculativeStats())
     after = np.concatenate([x, [1, 0], [2]])  # as if the verification kept two drafts, then corrected the third
