@@ -47,7 +47,7 @@ def main(prompt=DEFAULT_PROMPT, n_tokens_to_generate=64, draft_model_size="teach
     where that measures faster (engine/threads.py); None is every usable core. verifier: token (Algorithm 2), block,
     multi or tree, the speculative decoder's rule; n_drafts: drafts per loop for multi and tree (None: 3; token and
     block take 1); replacement: multi and tree's sampled drafts drawn independently; tree_drafts: sampled, top_k or
-    lookup (None: lookup with prompt-lookup, else sampled), or dynamic (eagle's and medusa's own tree, within
+    lookup (None: lookup with prompt-lookup, else sampled), or dynamic (eagle's, eagle3's or medusa's own tree, within
     tree_nodes nodes; None: drafters.load.DEFAULT_N_NODES). exit_layer: the layers an early-exit draft runs (None: a
     quarter); confidence_threshold: kangaroo's early stop (None: 0.6). verbose: the report adds each run's counts and
     costs and the engine. html: where a page replaying one more run is written (cli/html_page.py). Returns the dict

@@ -5,8 +5,9 @@ bundled target with its trained heads, each drafter wired right and with one bug
 
 Each bug keeps the output exact (both wirings must decode the same tokens, or the run stops), so acceptance is all it
 can lose, and only a trained head shows it. A bug whose head is not in --models_dir (tools/train_heads.py writes
-models/teach-eagle and models/teach-medusa) is reported as skipped, with the reason. Prompts are evenly spaced
-stretches of the held-out text (default: the sample committed in tests/fixtures). Prints one JSON object.
+models/teach-eagle, models/teach-medusa and models/teach-eagle3) is reported as skipped, with the reason. Prompts are
+evenly spaced stretches of the held-out text (default: the sample committed in tests/fixtures). Prints one JSON
+object.
 """
 
 import argparse
@@ -15,6 +16,7 @@ import json
 from bench.heldout import target_and_prompts
 from bench.machine import machine_line
 from classroom import drafter_zoo
+from drafters.eagle3 import vocabulary_d2t
 from drafters.load import load_drafter
 
 
@@ -36,15 +38,18 @@ def parse_args(argv=None):
     return args
 
 
-def head_arrays(kind, target, models_dir):  # -> the trained head's arrays, as drafters/load.py checks and loads them
+def trained_head(kind, target, models_dir):  # -> what the zoo builds the drafter from, as drafters/load.py loads it
+    """The head's arrays (EAGLE's, Medusa's), or EAGLE-3's arrays with the maps its head.json gives."""
     drafter = load_drafter(kind, target, models_dir)
+    if kind == "eagle3":
+        return drafter_zoo.Eagle3Head(drafter.eagle3, vocabulary_d2t(drafter.vocabulary).tolist(), drafter.layers)
     return drafter.head if kind == "eagle" else drafter.heads
 
 
 def measure_bug(bug, target, prompts, args):  # -> the row for one bug
     row = {"bug": bug.variant.name, "title": bug.variant.title, "source": bug.variant.source, "drafter": bug.kind}
     try:
-        head = head_arrays(bug.kind, target, args.models_dir)
+        head = trained_head(bug.kind, target, args.models_dir)
     except ValueError as error:  # no trained head here, or one trained on another target
         return {**row, "skipped": str(error)}
     rows = drafter_zoo.lost_acceptance(bug, target, head, prompts, N=args.n_tokens, K=args.K)

@@ -3,9 +3,10 @@ kinds, at temperatures 0 and 1, each at the K (or tree) chosen on a development 
 decoding on a test split that nothing was chosen on, with Leviathan et al.'s formula beside every measured speedup.
 
 Drafters (--drafters): draft (the distilled teach-draft model), prompt-lookup (speedup/drafts.py), eagle-chain and
-eagle-tree (EAGLE's head drafting a chain; EAGLE-2's dynamic tree), medusa-chain and medusa-tree (Medusa's heads; their
-sparse tree), early-exit (the target's first layers, untrained) and kangaroo (that exit with its trained adapter). A
-drafter whose head is not in --models_dir (tools/train_heads.py writes them) is left out, the reason in "skipped".
+eagle-tree (EAGLE's head drafting a chain; EAGLE-2's dynamic tree), eagle3-chain and eagle3-tree (EAGLE-3's draft, the
+same two ways), medusa-chain and medusa-tree (Medusa's heads; their sparse tree), early-exit (the target's first
+layers, untrained) and kangaroo (that exit with its trained adapter). A drafter whose head is not in --models_dir
+(tools/train_heads.py writes them) is left out, the reason in "skipped".
 
 Prompts: bench/prompts/dev.json and test.json (bench/spec_splits.py cuts them from the held-out text, each held-out
 document in one split by a hash of its name), per split and category: open (windows spread evenly: text to
@@ -32,10 +33,10 @@ that judged a draft at depth d, and those that accepted it), loops by accepted l
 call in Spec-Bench's convention and SpecForge's (bench/spec_stats.py), c, and predicted_speedup, the formula at the
 measured loops, c and verification cost (each in the rounds' autoregressive decode steps, as bench/pair.py);
 predicted_speedup_machine_v the same with v(n) measured apart (speedup/costs.measure_costs; a tree of n nodes costs
-about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside EAGLE's chain at K = 4 and
-its dynamic tree at depth 4 with drafters/load.py's default budget and the larger budgets an accelerator would verify
+about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside EAGLE's and EAGLE-3's chains at K = 4
+and their dynamic trees at depth 4 with drafters/load.py's default budget and the larger budgets an accelerator would verify
 for about a step's cost (16 and 32 nodes), on --k4_prompts prompts per category of the test split (more than the
-timed rows: it counts tokens, not time); "at_K4_margins" sets each against the draft on the same prompts (EAGLE's
+timed rows: it counts tokens, not time); "at_K4_margins" sets each against the draft on the same prompts (each
 chain in alpha, each tree in tokens per target call) with the 95% interval of a paired bootstrap over the prompts, and
 says "level" where that interval holds no margin. A head's recipe is judged on the development split instead:
 --at_K4_only --at_K4_split dev. At temperature 0 every run's tokens must equal autoregressive decoding's:
@@ -73,8 +74,9 @@ from speedup import costs, drafts
 from speedup.stats import SpeculativeStats
 from verifiers.tree import tree_speculative_sampling
 
-DRAFTERS = ("draft", "prompt-lookup", "eagle-chain", "eagle-tree", "medusa-chain", "medusa-tree", "early-exit",
-            "kangaroo")
+DRAFTERS = ("draft", "prompt-lookup", "eagle-chain", "eagle-tree", "eagle3-chain", "eagle3-tree", "medusa-chain",
+            "medusa-tree", "early-exit", "kangaroo")
+K4_CHAINS, K4_TREES = ("draft", "eagle-chain", "eagle3-chain"), ("eagle-tree", "eagle3-tree")  # at_K4's drafters
 CATEGORIES = spec_splits.CATEGORIES
 CHAIN_KS = tuple(range(1, 9))  # a chain is calibrated at each of these K, each with its own runs
 EAGLE_TREES = ((2, 4), (4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small, a CPU prices n nodes as a chain of n
@@ -143,7 +145,7 @@ def build_drafter(name, target, draft_model, args):  # -> Drafter, or a ValueErr
         return Drafter(name, drafts.PromptLookup(target.n_vocab), chain)
     model = load_drafter(name if name == "early-exit" else name.split("-")[0], target, args.models_dir,
                          confidence_threshold=args.confidence_threshold)
-    if name == "eagle-tree":
+    if name in ("eagle-tree", "eagle3-tree"):  # EAGLE-3 grows EAGLE-2's tree
         return Drafter(name, model, EAGLE_TREES[:1] if args.quick else EAGLE_TREES)
     if name == "medusa-tree":
         return Drafter(name, model, [(model.n_heads, n) for n in MEDUSA_TREE_NODES[:1 if args.quick else None]])
@@ -287,10 +289,10 @@ def bench_category(drafters, category, prompts, target, args, temperature, measu
 
 
 def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows: draft vs EAGLE at K = 4, temperature 0
-    """Alpha and tokens per target call of the draft and EAGLE's chain at K = 4, and of EAGLE-2's tree at depth 4
-    within each of K4_TREE_NODES, one greedy run per prompt, per category and over all of them."""
-    compared = [(d, (4, None)) for d in drafters if d.name in ("draft", "eagle-chain")]
-    compared += [(d, (4, n_nodes)) for d in drafters if d.name == "eagle-tree" for n_nodes in K4_TREE_NODES]
+    """Alpha and tokens per target call of the draft and EAGLE's and EAGLE-3's chains at K = 4, and of their EAGLE-2
+    trees at depth 4 within each of K4_TREE_NODES, one greedy run per prompt, per category and over all of them."""
+    compared = [(d, (4, None)) for d in drafters if d.name in K4_CHAINS]
+    compared += [(d, (4, n_nodes)) for d in drafters if d.name in K4_TREES for n_nodes in K4_TREE_NODES]
     rows, by_prompt = [], {}
     for drafter, choice in compared:
         every = []
@@ -304,10 +306,10 @@ def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows:
 
 
 def k4_margins(by_prompt):  # -> the bars' comparisons with the draft model, each with its paired interval
-    """EAGLE's chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times)."""
+    """Each chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times)."""
     if "draft" not in by_prompt:
         return {}
-    measures = {name: "alpha" if name == "eagle-chain" else "tokens_per_call" for name in by_prompt if name != "draft"}
+    measures = {name: "alpha" if name in K4_CHAINS else "tokens_per_call" for name in by_prompt if name != "draft"}
     return {f"{name} / draft": paired_margin(by_prompt[name], by_prompt["draft"], measure)
             for name, measure in measures.items()}
 

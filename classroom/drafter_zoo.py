@@ -1,5 +1,6 @@
 """Bugs of the drafters made from the target (drafters/), as bug_zoo's small patches: one that breaks the output law,
-and four that keep it exact and can only change acceptance.
+and seven that keep it exact and can only change acceptance (four in EAGLE's and Medusa's wiring, three in EAGLE-3's:
+the maps its head.json gives beside the arrays, and its norm).
 
 Drafters plug into Algorithm 2 through `propose` (drafts and the p they were drawn from), so no drafter, however
 wired, can move the output law: every draft is judged by q/p and the residual. What can move it is the verification
@@ -17,21 +18,24 @@ the drafts: what they cost shows only in acceptance, as a review of vLLM's EAGLE
 #6830: rejection sampling keeps the target's law, so a wrong hidden state may not be caught until much later), and
 only with trained heads, since a random head accepts next to nothing either way. `lost_acceptance` measures alpha
 and tokens per target call with and without a bug at temperature 0; bench/drafter_zoo.py runs it on the bundled
-target with its trained heads (models/teach-eagle, models/teach-medusa).
+target with its trained heads (models/teach-eagle, models/teach-medusa, models/teach-eagle3).
 """
 
 import functools
 import textwrap
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 import sampling
 from classroom.bug_zoo import CORRECTION, Patch, Variant
-from drafters import eagle, medusa
+from drafters import eagle, eagle3, medusa
 from drafters.eagle import EagleDraft
+from drafters.eagle3 import Eagle3Draft
 from drafters.medusa import MedusaDraft
 from speedup.stats import SpeculativeStats
+from verifiers.tree import DEFAULT_N_NODES
 
 RESIDUAL_AT_REJECTED_TOKEN = Variant(
     "residual_at_rejected_token", "the residual taken at the rejected token only", "SafeAILab/EAGLE#20",
@@ -50,10 +54,18 @@ RESIDUAL_AT_REJECTED_TOKEN = Variant(
 RESIDUAL_EXACT_TV = {"tables": 0.1448, "eagle": 0.0639}
 
 
+class Eagle3Head(NamedTuple):
+    """What Eagle3Draft reads beside the target: the head's arrays and the maps its head.json gives with them."""
+
+    arrays: dict
+    d2t: list  # each draft id's offset to its target id
+    layers: tuple  # the blocks whose streams fc fuses
+
+
 @dataclass(frozen=True)
 class DrafterBug:
     """A wiring mistake in a drafter: variant's patches name methods of `drafter`, `kind` the trained head it reads
-    (drafters/load.py's name: "eagle" or "medusa")."""
+    (drafters/load.py's name: "eagle", "eagle3" or "medusa")."""
 
     variant: Variant
     drafter: type
@@ -61,8 +73,15 @@ class DrafterBug:
 
     def patched_drafter(self):
         """A subclass of the drafter whose patched methods are compiled from today's source (bug_zoo.StalePatch if
-        a line they replace is gone); it is built as the drafter is, (target, head arrays)."""
+        a line they replace is gone); it is built as the drafter is (`build`)."""
         return patched_class(self)
+
+
+def build(drafter_class, target, head):  # -> the drafter (or its patched subclass) on target
+    """head: the head's arrays, or an Eagle3Head (EAGLE-3 drafts its chain here: the tree's budget is unused)."""
+    if isinstance(head, Eagle3Head):
+        return drafter_class(target, head.arrays, DEFAULT_N_NODES, head.d2t, head.layers)
+    return drafter_class(target, head)
 
 
 @functools.cache
@@ -126,14 +145,53 @@ BUGS = [
             """),)), EagleDraft, "eagle"),
 ]
 
+EAGLE3_READOUT = "return spread_logits(draft_logits(predicted, self.eagle3), self.vocabulary, self.n_vocab)"
+
+BUGS += [
+    DrafterBug(Variant(
+        "d2t_dropped", "EAGLE-3's draft ids read as target ids, its d2t map dropped",
+        "sgl-project/SpecForge#18 and PR #25 (the d2t and t2d maps computed, saved and loaded with the draft)",
+        "the head reads out over its draft vocabulary, the training tokens' most frequent ids, whose draft id i is "
+        "target id i + d2t[i]; without the map its i-th logit is put on target id i, so it proposes ids 0 to "
+        "size - 1 in place of its vocabulary's, and wherever the two differ it drafts a token it did not mean",
+        (Patch(eagle3, "Eagle3Draft.readout", EAGLE3_READOUT,
+               "return spread_logits(draft_logits(predicted, self.eagle3), np.arange(len(self.vocabulary)), "
+               "self.n_vocab)  # (bug) draft id i read as target id i"),)), Eagle3Draft, "eagle3"),
+    DrafterBug(Variant(
+        "wrong_layers_fused", "EAGLE-3's fc fed the target's last blocks, not the ones the head was trained on",
+        "lightseekorg/tokenspeed PR #526 (capture layers fixed at [2, n/2, n-3] whatever the draft's config said: "
+        "acceptance 0 for a draft trained on others) and sgl-project/sglang PR #25454 (layer ids off by one)",
+        "fc was trained on the streams after a low, a middle and a high block (head.json's layers); fed the "
+        "streams after the last blocks, in the same slots, it projects features from another basis, and the "
+        "draft reads a g it never saw in training",
+        (Patch(eagle3, "Eagle3Draft.tap_streams", """
+            if self.target.taps != self.layers:
+                self.target.tap(self.layers)
+            """, """
+            n_layer = self.target.hparams["n_layer"]  # (bug) the last blocks, whatever the head was trained on
+            self.target.tap(range(n_layer - len(self.layers) + 1, n_layer + 1))
+            """),)), Eagle3Draft, "eagle3"),
+    DrafterBug(Variant(
+        "readout_normed_twice", "EAGLE-3's norm applied to its output twice before lm_head",
+        "sgl-project/SpecForge PR #879 and ROCm/ATOM PR #882 (EAGLE-3's norm applied where it must not be: to the "
+        "state the next draft step reads, or again in the readout)",
+        "the draft's state h is normed once, by its own norm, on the way to lm_head; normed again it is "
+        "rescaled and shifted by the norm's trained gain and bias twice, so the logits are not the ones the head "
+        "was trained to give",
+        (Patch(eagle3, "Eagle3Draft.readout", EAGLE3_READOUT, """
+            normed = gpt2.layer_norm(predicted, **self.eagle3["norm"])  # (bug) draft_logits norms it again
+            return spread_logits(draft_logits(normed, self.eagle3), self.vocabulary, self.n_vocab)
+            """),)), Eagle3Draft, "eagle3"),
+]
+
 ZOO = {bug.variant.name: bug for bug in BUGS}
 
 
 def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"right": {...}, "with_bug": {...}}
     """Greedy speculative sampling (sampling.speculative_sampling, temperature 0) of N tokens after each prompt with
-    the drafter wired right and with `bug`, on `target` (a gpt2.GPT2Model) and the head's arrays `head`: alpha and
-    tokens per target call of each, over all prompts. Both must give the same tokens (each bug keeps the output
-    exact); an AssertionError says where they do not."""
+    the drafter wired right and with `bug`, on `target` (a gpt2.GPT2Model) and the head's arrays `head` (an
+    Eagle3Head for EAGLE-3's bugs): alpha and tokens per target call of each, over all prompts. Both must give the
+    same tokens (each bug keeps the output exact); an AssertionError says where they do not."""
     if bug not in BUGS:
         raise ValueError(f"unknown drafter bug {bug!r}: choose one of {', '.join(ZOO)}")
     rows = {}
@@ -141,7 +199,7 @@ def lost_acceptance(bug, target, head, prompts, N=32, K=4):  # -> {"right": {...
         stats, outputs = SpeculativeStats(), []
         for prompt in prompts:
             target.reset()
-            drafter = drafter_class(target, head)
+            drafter = build(drafter_class, target, head)
             outputs.append(sampling.speculative_sampling(np.asarray(prompt), drafter, target, N, K, 0,
                                                          temperature=0, stats=stats))
         rows[label] = {"alpha": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,

@@ -39,8 +39,8 @@ def make_model(params, hparams, backend="numpy", dtype="float32", in_place=False
 
 def draft_without_a_model(name, target, models_dir, exit_layer=None, n_nodes=None, confidence_threshold=None):
     """A draft with no model folder of its own: prompt lookup (speedup/drafts.py), or a drafter made from the target
-    (drafters/load.py: early-exit, its first exit_layer layers; eagle, medusa or kangaroo, a head read from
-    models_dir; n_nodes: eagle's and medusa's tree; confidence_threshold: kangaroo's, None its default)."""
+    (drafters/load.py: early-exit, its first exit_layer layers; eagle, eagle3, medusa or kangaroo, a head read from
+    models_dir; n_nodes: eagle's, eagle3's and medusa's tree; confidence_threshold: kangaroo's, None its default)."""
     if name == drafts.PROMPT_LOOKUP:
         return drafts.PromptLookup(target.n_vocab)
     return load_drafter(name, target, models_dir, exit_layer=exit_layer, n_nodes=n_nodes,

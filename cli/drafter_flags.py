@@ -1,11 +1,12 @@
 """The flags of a drafter made from the target (drafters/, built by drafters.load.load_drafter), checked before any
-model loads: --draft_model_size early-exit, eagle, medusa or kangaroo, with early-exit's --exit_layer and the tree's
---tree_nodes (eagle and medusa growing their own tree, --verifier tree --tree_drafts dynamic) and kangaroo's
---confidence_threshold.
+model loads: --draft_model_size early-exit, eagle, eagle3, medusa or kangaroo, with early-exit's --exit_layer and the
+tree's --tree_nodes (eagle, eagle3 and medusa growing their own tree, --verifier tree --tree_drafts dynamic) and
+kangaroo's --confidence_threshold.
 
 early-exit and kangaroo run the target's first layers on the NumPy target's own KV cache, so they need --backend
-numpy; eagle and medusa read only the target's features, which the JAX model keeps too. eagle, medusa and kangaroo
-read their trained head from the folder drafters.load.HEAD_FOLDERS names in --models_dir.
+numpy; eagle, eagle3 and medusa read only the target's features (and eagle3 its tapped streams), which the JAX model
+keeps too. eagle, eagle3, medusa and kangaroo read their trained head from the folder drafters.load.HEAD_FOLDERS names
+in --models_dir.
 """
 
 import os
@@ -18,7 +19,8 @@ from drafters.kangaroo import CONFIDENCE_THRESHOLD, is_confidence_threshold
 from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
 from speedup import drafts
 
-TREE_GROWING_DRAFTERS = ("eagle", "medusa")  # the drafters with draft_tree (--tree_drafts dynamic)
+TREE_GROWING_DRAFTERS = ("eagle", "eagle3", "medusa")  # the drafters with draft_tree (--tree_drafts dynamic)
+TREE_GROWERS = f"{', '.join(TREE_GROWING_DRAFTERS[:-1])} or {TREE_GROWING_DRAFTERS[-1]}"  # as the errors list them
 WITHOUT_A_MODEL = (drafts.PROMPT_LOOKUP, *DRAFTERS)  # drafts with no model folder of their own
 SHARING_THE_CACHE = (EARLY_EXIT, "kangaroo")  # the drafters that run the NumPy target's first layers on its cache
 
@@ -48,6 +50,9 @@ def check_head_folder(name, target_model_size, models_dir):
     trained_on = heads.trained_on(folder, info)
     if name == "kangaroo":  # the adapter reads the target after its exit layer
         heads.exit_layer_of(folder, info, trained_on.get("n_layer"))
+    if name == "eagle3":  # the draft vocabulary and the blocks fused, which the arrays alone do not say
+        heads.draft_vocabulary_of(folder, info, trained_on.get("n_vocab"))
+        heads.fused_layers_of(folder, info, trained_on.get("n_layer"))
     path = os.path.join(utils.model_directory(target_model_size, models_dir), "hparams.json")
     if not os.path.isfile(path):
         return
@@ -57,12 +62,12 @@ def check_head_folder(name, target_model_size, models_dir):
 
 
 def check_tree_nodes(tree_nodes, tree_drafts):
-    """--tree_nodes, the budget of nodes in the tree eagle or medusa grows (--tree_drafts dynamic) -> it, or None."""
+    """--tree_nodes, the budget of nodes in the tree eagle, eagle3 or medusa grows (--tree_drafts dynamic) -> it, or
+    None."""
     if tree_drafts != "dynamic":  # check_verifier has refused dynamic for a drafter without draft_tree
         if tree_nodes is not None:
-            grow = " or ".join(TREE_GROWING_DRAFTERS)
-            raise ValueError(f"--tree_nodes applies to the tree {grow} grow: --draft_model_size {grow} with "
-                             "--verifier tree --tree_drafts dynamic")
+            raise ValueError(f"--tree_nodes applies to the tree {TREE_GROWERS} grow: --draft_model_size "
+                             f"{TREE_GROWERS} with --verifier tree --tree_drafts dynamic")
         return None
     if tree_nodes is None:
         return DEFAULT_N_NODES

@@ -19,8 +19,8 @@ import utils
 from encoder import get_encoder
 from engine.threads import THREADS, usable_cores
 from cli import backends, html_page
-from cli.drafter_flags import (TREE_GROWING_DRAFTERS, WITHOUT_A_MODEL, check_confidence_threshold, check_draft_name,
-                               check_drafter)
+from cli.drafter_flags import (TREE_GROWERS, TREE_GROWING_DRAFTERS, WITHOUT_A_MODEL, check_confidence_threshold,
+                               check_draft_name, check_drafter)
 from drafters.kangaroo import CONFIDENCE_THRESHOLD
 from drafters.load import DEFAULT_N_NODES
 from speedup import drafts
@@ -36,8 +36,8 @@ FLAG_HELP = {
     "n_tokens_to_generate": ("INT", "new tokens each decoder generates"),
     "draft_model_size": ("NAME", "the draft model: a folder in --models_dir, or 124M, 355M, 774M, 1558M (downloaded), "
                                  "or prompt-lookup (drafts copied from the text so far), or a drafter made from the "
-                                 "target: early-exit (its first --exit_layer layers), eagle, medusa or kangaroo (a "
-                                 "head trained by tools/train_heads.py, in --models_dir)"),
+                                 "target: early-exit (its first --exit_layer layers), eagle, eagle3, medusa or "
+                                 "kangaroo (a head trained by tools/train_heads.py, in --models_dir)"),
     "target_model_size": ("NAME", "the target model, likewise"),
     "models_dir": ("DIR", "the folder of model folders (a relative path is from the current directory)"),
     "K": ("INT|auto", "tokens the draft proposes per loop, or auto: chosen every loop from this machine's costs and "
@@ -54,12 +54,12 @@ FLAG_HELP = {
     "replacement": (None, "multi and tree's sampled drafts drawn independently (SpecInfer) rather than with distinct "
                           "first tokens (RSD)"),
     "tree_drafts": ("NAME", "how --verifier tree grows its tree: sampled (the drafts of multi), top_k (the draft's "
-                            "--n_drafts likeliest tokens at every node, to depth K; not with eagle or medusa), lookup (--n_drafts prompt-lookup "
+                            "--n_drafts likeliest tokens at every node, to depth K; not with eagle, eagle3 or medusa), lookup (--n_drafts prompt-lookup "
                             "matches, with --draft_model_size prompt-lookup) or dynamic (grown by the drafter: "
-                            "eagle, medusa)"),
+                            "eagle, eagle3, medusa)"),
     "exit_layer": ("INT", "with --draft_model_size early-exit: the target's layers the draft runs before reading out "
                           "through the target's final norm and unembedding, 1 .. n_layer - 1"),
-    "tree_nodes": ("INT", "with --tree_drafts dynamic: the budget of nodes of the tree eagle or medusa grows, "
+    "tree_nodes": ("INT", "with --tree_drafts dynamic: the budget of nodes of the tree eagle, eagle3 or medusa grows, "
                           "verified in one target call"),
     "confidence_threshold": ("FLOAT", "with --draft_model_size kangaroo: the chain stops after a draft whose top "
                                       "probability is below it (Kangaroo's early stop), 0 .. 1; 0 never stops"),
@@ -280,7 +280,7 @@ def check_verifier(verifier, n_drafts, replacement, tree_drafts, decoders, K, dr
             raise ValueError(f"unknown --tree_drafts {tree_drafts!r}: choose one of {', '.join(TREE_DRAFTS)}")
         if tree_drafts == "dynamic" and draft_model_size not in TREE_GROWING_DRAFTERS:
             raise ValueError(f"--tree_drafts dynamic needs a drafter that grows its own tree: --draft_model_size "
-                             f"{' or '.join(TREE_GROWING_DRAFTERS)}")
+                             f"{TREE_GROWERS}")
         if tree_drafts == "top_k" and draft_model_size in TREE_GROWING_DRAFTERS:
             raise ValueError(f"--tree_drafts top_k ranks a draft model's likeliest tokens at every node, and "
                              f"{draft_model_size} grows a tree of its own: use --tree_drafts dynamic")
@@ -329,7 +329,7 @@ def batch_rows(batch_size, prompts, decoders, K, draft_model_size, verifier="tok
                              "speculative (--decoder autoregressive,speculative)")
         if K == "auto" or draft_model_size in WITHOUT_A_MODEL:
             raise ValueError("a batch drafts with a draft model and a fixed --K (not --K auto, prompt-lookup or "
-                             "early-exit, nor eagle, medusa or kangaroo)")
+                             "early-exit, nor eagle, eagle3, medusa or kangaroo)")
         if verifier != "token":
             raise ValueError(f"a batch verifies token by token (Algorithm 2): --verifier {verifier} decodes one "
                              "sequence")

@@ -104,8 +104,11 @@ class Eagle3Draft(EagleTree):
         super().__init__(target, head["midlayer"], n_nodes)  # self.head: the midlayer, as eagle.head_forward reads it
         self.eagle3 = head
         self.t2d = np.isin(np.arange(self.n_vocab), self.vocabulary)  # [n_vocab]: inside the draft vocabulary
-        if target.taps != self.layers:
-            target.tap(self.layers)  # the verifications from now on keep the streams the head reads
+        self.tap_streams()
+
+    def tap_streams(self):  # the target's verifications from now on keep the streams fc fuses, after self.layers
+        if self.target.taps != self.layers:
+            self.target.tap(self.layers)
 
     def true_reads(self, x, start):  # [n] -> g at x's positions from start on [n - start, n_embd]
         *residuals, _ = true_states(self.target, x, start)

@@ -2,8 +2,9 @@
 
 head.safetensors holds the head's arrays in float16 (Hugging Face's safetensors format; each array is named by its
 path in the nesting, keys joined by "/": fc/w, block/attn/c_attn/w, heads/0/w), read back as float32. head.json
-says what the arrays are: the drafter ("drafter": eagle, medusa, kangaroo), the target they read ("target": its
-folder's name, and its hparams), what the drafter needs beside its arrays, and how they were trained.
+says what the arrays are: the drafter ("drafter": eagle, eagle3, medusa, kangaroo), the target they read ("target":
+its folder's name, and its hparams), what the drafter needs beside its arrays (Kangaroo's exit_layer, EAGLE-3's d2t
+and layers), and how they were trained.
 """
 
 import json
@@ -94,15 +95,50 @@ def trained_on(folder, info):  # -> the hparams of the target the head was train
     return hparams
 
 
+def is_whole_number(value):  # an int from JSON, not a bool
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def exit_layer_of(folder, info, n_layer=None):  # -> a Kangaroo head's exit layer
     """head.json's "exit_layer", the target's layers the adapter reads after: an integer in [1, n_layer - 1] (n_layer
     where known), or a one-line ValueError naming the file."""
     layer = info.get("exit_layer")
-    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1 or (n_layer is not None and layer >= n_layer):
+    if not is_whole_number(layer) or layer < 1 or (n_layer is not None and layer >= n_layer):
         within = "an integer >= 1" if n_layer is None else f"an integer in [1, {n_layer - 1}]"
         raise ValueError(f"{Path(folder) / 'head.json'} must give the adapter's \"exit_layer\", {within}; "
                          f"got {layer!r}")
     return layer
+
+
+def fused_layers_of(folder, info, n_layer=None):  # -> an EAGLE-3 head's layers, as head.json gives them
+    """head.json's "layers", the blocks after which the target's streams are fused: increasing integers in
+    [1, n_layer] (n_layer where known), or a one-line ValueError naming the file."""
+    layers = info.get("layers")
+    if not (isinstance(layers, list) and layers and all(map(is_whole_number, layers))
+            and layers == sorted(set(layers)) and layers[0] >= 1 and (n_layer is None or layers[-1] <= n_layer)):
+        within = "1..n_layer" if n_layer is None else f"1..{n_layer}"
+        raise ValueError(f"{Path(folder) / 'head.json'} must give the blocks the head fuses, \"layers\", increasing "
+                         f"integers in {within}; got {layers!r}")
+    return layers
+
+
+def draft_vocabulary_of(folder, info, n_vocab=None):  # -> an EAGLE-3 head's d2t, as head.json gives it
+    """head.json's "d2t", each draft id's offset to its target id: a list of integers mapping the draft ids to
+    increasing target ids in [0, n_vocab) (n_vocab where known), or a one-line ValueError naming the file (the
+    list itself is not quoted: it holds a thousand ids)."""
+    d2t = info.get("d2t")
+    path = Path(folder) / "head.json"
+    if not (isinstance(d2t, list) and d2t and all(map(is_whole_number, d2t))):
+        got = ("nothing" if d2t is None else "an empty list" if d2t == [] else
+               f"{next(v for v in d2t if not is_whole_number(v))!r} among its offsets" if isinstance(d2t, list) else
+               f"a JSON {JSON_KINDS.get(type(d2t), 'object')}")
+        raise ValueError(f"{path} must give the draft vocabulary, \"d2t\", a list of integer offsets from each draft "
+                         f"id to its target id (tools/train_heads.py eagle3 writes it); got {got}")
+    target_ids = np.arange(len(d2t)) + np.asarray(d2t, np.int64)
+    if target_ids[0] < 0 or np.any(np.diff(target_ids) <= 0) or (n_vocab is not None and target_ids[-1] >= n_vocab):
+        within = "" if n_vocab is None else f" in [0, {n_vocab})"
+        raise ValueError(f"{path}: \"d2t\" must map the draft ids to increasing target ids{within}")
+    return d2t
 
 
 def load_head(folder, drafter=None):  # -> (params, info)

@@ -1,7 +1,7 @@
 """What several test files share: the table models and their exact laws, random GPT-2 pairs, a tiny GPT-2 for the
-exact oracle and the greedy check of a drafter made from the target, the tiny model folders main.py runs on, and
-the packed corpus the trainers read. No test file imports another test file; the
-fixtures built from these (models_dir, packed) live in conftest.py."""
+exact oracle and the greedy check of a drafter made from the target, the tiny model folders main.py runs on, a
+random EAGLE-3 head in the trainer's format, and the packed corpus the trainers read. No test file imports another
+test file; the fixtures built from these (models_dir, packed) live in conftest.py."""
 
 import copy
 import json
@@ -243,6 +243,29 @@ def assert_short_error(result, message):
     assert 1 <= len(result.stderr.strip().splitlines()) <= 2, result.stderr
     assert message in result.stderr
     assert result.stdout == ""
+
+
+# ---- a random EAGLE-3 head, as the trainer writes one ----------------------------------------------------------
+
+BUNDLED_DRAFT_VOCABULARY = json.loads((REPO / "models" / "teach-eagle-vocabulary.json").read_text())["ids"]
+
+
+def write_eagle3_head(folder, hparams, vocabulary, seed=0, **info):  # -> (the head's arrays, its head.json)
+    """A random EAGLE-3 head on a target of `hparams`, drafting over `vocabulary` (sorted target ids), written to
+    folder as tools/train_heads.py eagle3 writes one: its kind's init and info (d2t, layers), and a training log of
+    one run of 3 steps; info: head.json's entries to replace."""
+    from drafters.heads import save_head
+    from tools import train_eagle3  # imported here: it imports JAX
+
+    kind = train_eagle3.Eagle3(hparams, vocabulary)
+    head = kind.init(hparams, np.random.default_rng(seed), None)
+    recipe = {"drafter": "eagle3", "steps": 3, "batch_size": 2, "seq_len": 8, "lr": 1e-3, "warmup": 100, "seed": seed,
+              "target": "teach-target", "validation_tokens": 200_000}
+    training = {"recipe": recipe, "evals": [], "steps_done": 3, "minutes": 0.5}
+    written = {"drafter": "eagle3", "target": "teach-target", "target_hparams": hparams,
+               **kind.info(head, None, None), "training": training, **info}
+    save_head(folder, head, written)
+    return head, written
 
 
 # ---- a packed corpus and a tiny trained pair ----------------------------------------------------------------

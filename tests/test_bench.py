@@ -439,6 +439,33 @@ def test_drafters_bench_chooses_on_the_development_split_and_times_on_the_test_s
                                       for category in ("open", "copy", "structured")}  # spread over the 64
 
 
+def test_drafters_bench_runs_eagle3_as_a_chain_and_a_tree_beside_the_draft_and_skips_it_without_its_head(tmp_path):
+    from helpers import BUNDLED_DRAFT_VOCABULARY, write_eagle3_head
+
+    import utils
+
+    bench = load_bench("spec_bench")
+    args = bench.parse_args(["--quick", "--models_dir", str(tmp_path), "--drafters", "eagle3-chain,eagle3-tree"])
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    target = gpt2.GPT2Model(params, hparams)
+    built, skipped = bench.build_drafters(target, None, args)
+    assert built == [] and [row["drafter"] for row in skipped] == ["eagle3-chain", "eagle3-tree"]
+    assert all("teach-eagle3 is not a drafter's head: head.safetensors, head.json missing" in row["why"]
+               for row in skipped)
+    write_eagle3_head(tmp_path / "teach-eagle3", target.hparams, BUNDLED_DRAFT_VOCABULARY[:256])
+    result = run_spec_bench(tmp_path, "--drafters", "draft,eagle3-chain,eagle3-tree", "--categories", "open",
+                            "--temperatures", "0")
+    assert result["skipped"] == [] and all(row["same_tokens_as_autoregressive"] for row in result["rows"])
+    assert [(row["drafter"], row["n_nodes"]) for row in result["rows"]] == [
+        ("draft", None), ("eagle3-chain", None), ("eagle3-tree", bench.EAGLE_TREES[0][1])]
+    assert [(row["drafter"], row["K"], row["n_nodes"]) for row in result["at_K4"] if row["category"] == "all"] == [
+        ("draft", 4, None), ("eagle3-chain", 4, None),
+        *[("eagle3-tree", 4, n_nodes) for n_nodes in bench.K4_TREE_NODES]]
+    measures = {name: margin["measure"] for name, margin in result["at_K4_margins"].items()}
+    assert measures == {"eagle3-chain / draft": "alpha",  # a chain in alpha, a tree in tokens per target call
+                        **{f"eagle3-tree {n_nodes} / draft": "tokens_per_call" for n_nodes in bench.K4_TREE_NODES}}
+
+
 def test_drafters_bench_judges_a_recipe_on_the_development_split_alone(tmp_path):
     result = run_spec_bench(tmp_path, "--drafters", "draft", "--categories", "open", "--at_K4_only",
                             "--at_K4_split", "dev")

@@ -1,8 +1,9 @@
-"""main.py --draft_model_size eagle, medusa, kangaroo: the drafters made from the bundled target with the heads
-tools/train_heads.py trained (models/teach-eagle, teach-medusa, teach-kangaroo), through the command line, and
-eagle's and medusa's own tree (--verifier tree --tree_drafts dynamic). The heads' quality is not tested here, only
-that at temperature 0 every run writes the autoregressive tokens and reports its costs, and that bad flags are
-refused in one line."""
+"""main.py --draft_model_size eagle, eagle3, medusa, kangaroo: the drafters made from the bundled target with the heads
+tools/train_heads.py trained (models/teach-eagle, teach-medusa, teach-kangaroo; eagle3 with a random head written as
+its trainer writes one, until models/ holds a trained one), through the command line, and eagle's, eagle3's and
+medusa's own tree (--verifier tree --tree_drafts dynamic). The heads' quality is not tested here, only that at
+temperature 0 every run writes the autoregressive tokens and reports its costs, and that bad flags are refused in one
+line."""
 
 import inspect
 import json
@@ -16,7 +17,7 @@ from conftest import REPO
 from encoder import get_encoder
 from drafters.eagle2 import EagleTree
 from drafters.load import DEFAULT_N_NODES, DRAFTERS, HEAD_FOLDERS
-from helpers import assert_short_error, run_main
+from helpers import BUNDLED_DRAFT_VOCABULARY, assert_short_error, run_main, write_eagle3_head
 
 PROMPT = "def add(a, b):"
 # (main's keywords, the tree's budget it runs with)
@@ -30,10 +31,36 @@ CONFIGURATIONS = [
 IDS = ["eagle", "medusa", "kangaroo", "eagle-tree", "medusa-tree"]
 
 
+TARGET_HPARAMS = json.loads((REPO / "models" / "teach-target" / "hparams.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def eagle3_models(tmp_path_factory):  # -> a models folder: the bundled one's, with a random EAGLE-3 head
+    root = tmp_path_factory.mktemp("eagle3")
+    for bundled in (REPO / "models").glob("teach-*"):
+        if bundled.is_dir() and bundled.name != HEAD_FOLDERS["eagle3"]:
+            (root / bundled.name).symlink_to(bundled)
+    write_eagle3_head(root / "teach-eagle3", TARGET_HPARAMS, BUNDLED_DRAFT_VOCABULARY[:256])
+    return root
+
+
 @pytest.mark.parametrize("keywords, tree_nodes", CONFIGURATIONS, ids=IDS)
 def test_each_drafter_writes_the_autoregressive_tokens_and_reports_its_costs(capsys, keywords, tree_nodes):
     result = main.main(prompt=PROMPT, n_tokens_to_generate=8, K=3, temperature=0, repeats=1, color=False, **keywords)
-    out = capsys.readouterr().out
+    assert_the_drafters_run(result, capsys.readouterr().out, keywords, tree_nodes)
+
+
+@pytest.mark.parametrize("keywords, tree_nodes", [
+    ({"draft_model_size": "eagle3"}, None),
+    ({"draft_model_size": "eagle3", "verifier": "tree", "tree_drafts": "dynamic", "tree_nodes": 6}, 6),
+], ids=["eagle3", "eagle3-tree"])
+def test_eagle3_writes_the_autoregressive_tokens_and_reports_its_costs(capsys, eagle3_models, keywords, tree_nodes):
+    result = main.main(prompt=PROMPT, n_tokens_to_generate=8, K=3, temperature=0, repeats=1, color=False,
+                       models_dir=str(eagle3_models), **keywords)
+    assert_the_drafters_run(result, capsys.readouterr().out, keywords, tree_nodes)
+
+
+def assert_the_drafters_run(result, out, keywords, tree_nodes):
     speculative = result["speculative"]
     assert speculative["new_tokens"] == result["autoregressive"]["new_tokens"] and len(speculative["new_tokens"]) == 8
     assert "the same tokens as autoregressive decoding (at temperature 0 they must be)" in out
@@ -99,6 +126,13 @@ def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
     assert result["speculative"]["acceptance_rate"] > 0  # the drafts read real features, not zeros
 
 
+def test_eagle3_reads_the_jax_targets_streams(eagle3_models):
+    result = main.main(prompt=PROMPT, n_tokens_to_generate=8, K=3, temperature=0, repeats=1, json=True,
+                       draft_model_size="eagle3", backend="jax", models_dir=str(eagle3_models))
+    assert result["speculative"]["new_tokens"] == result["autoregressive"]["new_tokens"]
+    assert result["speculative"]["drafted"] > 0
+
+
 @pytest.mark.parametrize("keywords, message", [
     (dict(draft_model_size="kangaroo", backend="jax"), "--draft_model_size kangaroo shares the NumPy target's KV "
                                                        "cache: it needs --backend numpy"),
@@ -112,13 +146,14 @@ def test_eagle_and_medusa_read_the_jax_targets_features(capsys, name):
     (dict(draft_model_size="kangaroo", confidence_threshold=1.5),
      r"^--confidence_threshold must be a number in \[0, 1\], got 1.5$"),
     (dict(draft_model_size="kangaroo", confidence_threshold="high"), r"must be a number in \[0, 1\], got 'high'$"),
-    (dict(draft_model_size="eagle", tree_nodes=4), "--tree_nodes applies to the tree eagle or medusa grow"),
+    (dict(draft_model_size="eagle", tree_nodes=4), "--tree_nodes applies to the tree eagle, eagle3 or medusa grow"),
     (dict(draft_model_size="medusa", verifier="tree", tree_nodes=4), "--tree_nodes applies to the tree"),
     (dict(draft_model_size="early-exit", verifier="tree", tree_drafts="top_k", tree_nodes=4), "--tree_nodes applies"),
     (dict(draft_model_size="eagle", verifier="tree", tree_drafts="dynamic", tree_nodes=0),
      "--tree_nodes must be an integer >= 1, got 0"),
     (dict(draft_model_size="kangaroo", verifier="tree", tree_drafts="dynamic"), "needs a drafter that grows its own"),
-    (dict(draft_model_size="medusa", batch_size=2), "nor eagle, medusa or kangaroo"),
+    (dict(draft_model_size="medusa", batch_size=2), "nor eagle, eagle3, medusa or kangaroo"),
+    (dict(draft_model_size="eagle3", verifier="tree", tree_drafts="top_k"), "eagle3 grows a tree of its own"),
     (dict(draft_model_size="eagle", verifier="tree", tree_drafts="top_k"), "eagle grows a tree of its own: use "
                                                                            "--tree_drafts dynamic"),
     (dict(draft_model_size="medusa", verifier="tree", tree_drafts="top_k", backend="jax"), "use --tree_drafts dynamic"),
@@ -186,15 +221,38 @@ def test_a_kangaroo_head_without_a_usable_exit_layer_is_one_line_naming_the_file
                                f"[1, 7]; got {exit_layer!r}")
 
 
+@pytest.mark.parametrize("replaced, message", [
+    ({"d2t": None}, '"d2t", a list of integer offsets from each draft id to its target id (tools/train_heads.py '
+                    'eagle3 writes it); got nothing'),
+    ({"d2t": [0, 1, "2"]}, "got '2' among its offsets"),
+    ({"d2t": [0, 4095]}, '"d2t" must map the draft ids to increasing target ids in [0, 4096)'),
+    ({"layers": None}, '"layers", increasing integers in 1..8; got None'),
+    ({"layers": [5, 2, 4]}, '"layers", increasing integers in 1..8; got [5, 2, 4]'),
+])
+def test_an_eagle3_head_json_without_usable_maps_is_one_line_naming_the_file_before_loading(tmp_path, replaced,
+                                                                                           message):
+    (tmp_path / "teach-target").symlink_to(f"{main.flags.BUNDLED_MODELS_DIR}/teach-target")
+    folder = tmp_path / "teach-eagle3"
+    _, info = write_eagle3_head(folder, TARGET_HPARAMS, BUNDLED_DRAFT_VOCABULARY[:3])
+    for key, value in replaced.items():  # None: the key left out
+        info = {name: entry for name, entry in info.items() if name != key} | ({} if value is None else {key: value})
+    (folder / "head.json").write_text(json.dumps(info))
+    result = run_main("--draft_model_size", "eagle3", "--n_tokens_to_generate", "4", models_dir=tmp_path)
+    assert_short_error(result, f"error: {folder}/head.json")
+    assert message in result.stderr
+
+
 def test_an_unknown_draft_lists_the_model_folders_and_the_drafters_without_one():
     result = run_main("--draft_model_size", "bogus")
     assert_short_error(result, f"error: --draft_model_size: no model 'bogus' in {main.flags.BUNDLED_MODELS_DIR}; "
                                "present: teach-draft, teach-target; downloadable: 124M, 355M, 774M, 1558M; or a "
-                               "drafter without a folder of its own: prompt-lookup, early-exit, eagle, medusa, kangaroo")
+                               "drafter without a folder of its own: prompt-lookup, early-exit, eagle, eagle3, medusa, "
+                               "kangaroo")
 
 
-def test_the_cli_page_names_the_drafters_refused_with_jax_as_the_checks_refuse_them():
+def test_the_cli_page_names_the_drafters_refused_with_jax_as_the_checks_refuse_them(eagle3_models):
     defaults = {name: flag.default for name, flag in inspect.signature(main.main).parameters.items()}
+    defaults["models_dir"] = str(eagle3_models)  # every head there
     refused, running = [], []
     for name in DRAFTERS:
         try:
@@ -205,4 +263,4 @@ def test_the_cli_page_names_the_drafters_refused_with_jax_as_the_checks_refuse_t
             refused.append(name)
     page = " ".join((REPO / "docs" / "CLI.md").read_text(encoding="utf-8").split())
     assert (f"{' or '.join(refused)}, which share the NumPy target's cache, with `--backend jax` "
-            f"({' and '.join(running)} run there)") in page
+            f"({', '.join(running[:-1])} and {running[-1]} run there)") in page

@@ -6,7 +6,8 @@ on a tiny random GPT-2 driving an EAGLE head at the total variations the zoo quo
 temperature 0 it is exact. Each wiring bug keeps every decoder exact (the oracle passes it) and yet changes the
 drafts' p somewhere; what it costs in acceptance needs trained heads (bench/drafter_zoo.py), so here
 lost_acceptance is only run, on random heads, for its form and its exactness guard, and the bench on a few tokens of
-the committed EAGLE head and a random Medusa head, for its form and its skipping of a head that is not there.
+the committed EAGLE head and random Medusa and EAGLE-3 heads, for its form and its skipping of a head that is not
+there.
 """
 
 import importlib.util
@@ -20,11 +21,13 @@ import gpt2
 import sampling
 from classroom import drafter_zoo, exact_law, lossless
 from conftest import REPO
+from drafters import eagle3
 from drafters.eagle import EagleDraft, init_head
 from drafters.heads import save_head
 from drafters.medusa import MedusaDraft, init_heads
 from gpt2_cases import random_params
-from helpers import HPARAMS, TINY, GPT2Problem, TinyGPT2Context, random_target
+from helpers import (BUNDLED_DRAFT_VOCABULARY, HPARAMS, TINY, GPT2Problem, TinyGPT2Context, random_target,
+                     write_eagle3_head)
 from speedup.stats import SpeculativeStats
 
 NAMES = list(drafter_zoo.ZOO)
@@ -33,21 +36,32 @@ NAMES = list(drafter_zoo.ZOO)
 def random_head(kind, hparams, seed):  # weights scaled up, so that the head's p is far from uniform
     rng = np.random.default_rng(seed)
     if kind == "eagle":
-        head = init_head(hparams, rng)
-        head["fc"]["w"] = 10 * head["fc"]["w"]
-        head["block"]["attn"]["c_attn"]["w"] = 10 * head["block"]["attn"]["c_attn"]["w"]  # attention that matters
-        return head
+        return scaled_eagle_head(init_head(hparams, rng))
+    if kind == "eagle3":  # one tap, after block 1 of 2; every other id drafted
+        vocabulary = np.arange(0, hparams["n_vocab"], 2)
+        head = eagle3.init_head(hparams, rng, len(vocabulary), n_taps=1)
+        head["midlayer"] = scaled_eagle_head(head["midlayer"])
+        head["fc"]["w"], head["lm_head"]["w"] = 10 * head["fc"]["w"], 10 * head["lm_head"]["w"]
+        head["norm"] = {"g": (1 + 0.5 * rng.standard_normal(hparams["n_embd"])).astype(np.float32),  # as if trained
+                        "b": (0.5 * rng.standard_normal(hparams["n_embd"])).astype(np.float32)}
+        return drafter_zoo.Eagle3Head(head, eagle3.vocabulary_d2t(vocabulary).tolist(), (1,))
     heads = init_heads(hparams, 3, rng)  # Medusa's w starts at zero: random, so that the heads disagree
     for head in heads["heads"]:
         head["w"] = (4 * rng.standard_normal(head["w"].shape) / np.sqrt(hparams["n_embd"])).astype(np.float32)
     return heads
 
 
+def scaled_eagle_head(head):  # EAGLE's head (EAGLE-3's midlayer) with fc and attention that matter
+    head["fc"]["w"] = 10 * head["fc"]["w"]
+    head["block"]["attn"]["c_attn"]["w"] = 10 * head["block"]["attn"]["c_attn"]["w"]
+    return head
+
+
 def tiny_problems(drafter_class, kind):  # temperature 1, and greedy over two loops (a kept or rebuilt cache)
     head = random_head(kind, TINY, 5)
 
     def drafter(target):  # the drafter on the oracle's fresh target, for every run
-        return drafter_class(target, head)
+        return drafter_zoo.build(drafter_class, target, head)
 
     context = TinyGPT2Context(random_params(TINY, 3))
     return [GPT2Problem(f"tiny GPT-2, {kind} head, K=2, N=3", drafter, context, (1, 2), 3, 2,
@@ -113,7 +127,8 @@ def test_the_exact_oracle_passes_every_wiring_bug(name):
 
 
 def two_proposals(drafter_class, kind, target):  # -> p of a proposal after x, then after a verification kept 2
-    drafter, settings = drafter_class(target, random_head(kind, TINY, 5)), sampling.SamplingSettings()
+    drafter = drafter_zoo.build(drafter_class, target, random_head(kind, TINY, 5))
+    settings = sampling.SamplingSettings()
     x = np.array([1, 2, 0, 3])
     drafts, first = drafter.propose(x, 3, settings, np.random.default_rng(0), SpeculativeStats())
     after = np.concatenate([x, [1, 0], [2]])  # as if the verification kept two drafts, then corrected the third
@@ -179,13 +194,17 @@ def test_the_bench_measures_the_bugs_whose_heads_it_finds_and_skips_the_others(c
         assert 1 <= row[wiring]["tokens_per_target_call"] <= 3
     assert row["lost_tokens_per_target_call"] == pytest.approx(
         row["right"]["tokens_per_target_call"] - row["with_bug"]["tokens_per_target_call"])
-    (tmp_path / "teach-target").symlink_to(REPO / "models" / "teach-target")  # the target, a random Medusa head
+    (tmp_path / "teach-target").symlink_to(REPO / "models" / "teach-target")  # the target, random Medusa and EAGLE-3
     hparams = json.loads((REPO / "models" / "teach-target" / "hparams.json").read_text())
     save_head(tmp_path / "teach-medusa", random_head("medusa", hparams, 0),
               {"drafter": "medusa", "target": "teach-target", "target_hparams": hparams})
-    medusa, eagle = run_bench(capsys, "--models_dir", str(tmp_path), "--bugs",
-                              "one_shared_medusa_block,draft_cache_not_rebuilt")["by_bug"]
-    assert medusa["with_bug"]["tokens_per_target_call"] >= 1 and "skipped" not in medusa
+    write_eagle3_head(tmp_path / "teach-eagle3", hparams, BUNDLED_DRAFT_VOCABULARY[:256])
+    medusa, *eagle3, eagle = run_bench(capsys, "--models_dir", str(tmp_path), "--bugs", "one_shared_medusa_block,"
+                                       "d2t_dropped,wrong_layers_fused,readout_normed_twice,draft_cache_not_rebuilt"
+                                       )["by_bug"]
+    for row in (medusa, *eagle3):
+        assert row["with_bug"]["tokens_per_target_call"] >= 1 and "skipped" not in row
+    assert [row["drafter"] for row in eagle3] == ["eagle3"] * 3
     assert "head.safetensors, head.json missing" in eagle["skipped"] and "right" not in eagle
 
 
@@ -198,4 +217,4 @@ def test_the_bench_refuses_an_unknown_bug(capsys):
 def test_the_readme_quotes_the_zoo():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert f"({drafter_zoo.RESIDUAL_EXACT_TV['tables']:.3f} in total variation on the tables)" in text
-    assert len(drafter_zoo.BUGS) == 4 and "four wiring mistakes" in text
+    assert len(drafter_zoo.BUGS) == 7 and "seven wiring mistakes" in text

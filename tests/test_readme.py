@@ -235,7 +235,8 @@ def test_the_drafters_table_is_the_committed_benchmark():
         assert cells[2:] == [f"{open_row['c']:.2f}", f"{open_row['alpha']:.2f}", cell(open_row),
                              cell(rows[(drafter, "copy", 0)]), cell(rows[(drafter, "structured", 0)]),
                              cell(rows[(drafter, "open", 1)])]
-        head = {"eagle-chain": "eagle", "medusa-chain": "medusa", "kangaroo": "kangaroo"}.get(drafter)
+        head = {"eagle-chain": "eagle", "eagle3-chain": "eagle3", "medusa-chain": "medusa",
+                "kangaroo": "kangaroo"}.get(drafter)
         if head:  # the budget beside the row: every run the head was continued from (drafters/heads.training_budget)
             budget = training_budget(load_head(REPO / "models" / f"teach-{head}")[1])
             assert cells[1] == f"{budget['steps']:,} steps, {budget['tokens'] / 1e6:.1f} M tokens, {budget['hours']:.1f} h"
