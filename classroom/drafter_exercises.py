@@ -10,8 +10,9 @@ wrong answers, which get a hint.
 The cost model of exercises d2 and d3: a decode step on one token multiplies every weight matrix it reads once, so
 its cost is about the matrices' weights (biases, norms and the embedding's one-row lookup are left out). A GPT-2
 block holds 12 d^2 of them (c_attn 3 d^2, attention's c_proj d^2, c_fc 4 d^2, the MLP's c_proj 4 d^2) and the tied
-unembedding d x n_vocab. That count predicts the ratios of the kit's measured costs; what a CPU adds per call at
-this size (NumPy's overhead per operation) sets the absolute times (notebook 5).
+unembedding d x n_vocab. That count ranks the kit's drafters and lands near the c they pay in the loop; a step's
+fixed part (NumPy's cost per operation) and the loop's own work are why only near (docs/DRAFTERS.md, "What a step
+costs", from bench/step_cost.py).
 """
 
 import json
