@@ -1,6 +1,7 @@
-"""The held-out text the benchmarks draw their prompts from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
-never committed); tests/fixtures/heldout_sample.txt is a small sample of it. Greedy runs on evenly spaced prompts of it,
-checked against autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/frspec_vocabulary.py).
+"""The held-out text the benchmarks' prompts are cut from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
+never committed); tests/fixtures/heldout_sample.txt is a small sample of it. bench/spec_splits.py cuts the committed
+prompts of its development and test splits with the rules below; greedy runs on those prompts, checked against
+autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/frspec_vocabulary.py).
 """
 
 import ast
@@ -10,9 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-import engine
 import sampling
-import utils
 from speedup.stats import SpeculativeStats
 
 
@@ -27,20 +26,6 @@ def require_heldout(path):
 def held_out_tokens(encoder, path):
     text = Path(path).read_text(encoding="utf-8")
     return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
-
-
-def held_out_prompts(encoder, path, n_prompts, prompt_tokens):  # -> n_prompts windows of prompt_tokens tokens
-    """Windows evenly spaced over the held-out text, so that the prompts sample all of it."""
-    return open_prompts(held_out_tokens(encoder, path), n_prompts, prompt_tokens)
-
-
-def target_and_prompts(args):  # -> (the target in engine.fast_model's layout, held_out_prompts' windows)
-    """What a benchmark on held-out prompts reads from its flags: --models_dir, --target, --heldout (exit status 2
-    where it is missing), --n_prompts and --prompt_tokens."""
-    require_heldout(args.heldout)
-    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    prompts = held_out_prompts(encoder, args.heldout, args.n_prompts, args.prompt_tokens)
-    return engine.fast_model(params, hparams), prompts
 
 
 # Prompts of three kinds for bench/spec_bench.py (bench/spec_splits.py cuts them), all from the held-out text (never
@@ -132,20 +117,21 @@ def spread(items, n):  # -> n of the items (all of them where there are fewer), 
     return [items[i * len(items) // n] for i in range(n)] if n < len(items) else list(items)
 
 
-def add_greedy_run_arguments(parser):  # the flags of greedy_prompts and greedy_acceptance
+def add_greedy_run_arguments(parser):  # the flags of greedy_acceptance's runs and of the split's prompts they read
     parser.add_argument("--K", type=int, default=4)
-    parser.add_argument("--n_prompts", type=int, default=4)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--n_prompts", type=int, default=4, help="open prompts of each split read")
+    parser.add_argument("--prompt_tokens", type=int, default=64, help="the first tokens of each prompt kept")
     parser.add_argument("--n_tokens", type=int, default=48)
+    parser.add_argument("--prompts_dir", default=str(Path(__file__).resolve().parent / "prompts"),
+                        help="dev.json and test.json (bench/spec_splits.py)")
 
 
-def greedy_prompts(target, tokens, n_prompts, prompt_tokens, N):  # -> prompts, the target's greedy tokens after each
-    """n_prompts evenly spaced stretches of tokens, and autoregressive decoding's N tokens after each (x and them)."""
-    prompts, expected = open_prompts(tokens, n_prompts, prompt_tokens), []
+def greedy_references(target, prompts, N):  # -> autoregressive decoding's N greedy tokens after each prompt (x and them)
+    expected = []
     for prompt in prompts:
         target.reset()
         expected.append(sampling.autoregressive_sampling(prompt, target, N, 0, temperature=0))
-    return prompts, expected
+    return expected
 
 
 def greedy_acceptance(target, draft, prompts, expected, K, N, name):  # -> SpeculativeStats over every prompt

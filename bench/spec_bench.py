@@ -332,9 +332,7 @@ def chosen_prompts(files, args, n_ctx, vocabulary):  # -> {(split, use): {catego
     prompts, record = {}, {}
     for (split, use), n in uses.items():
         content = files[split]
-        if content["settings"]["vocabulary_sha256"] != vocabulary:
-            raise ValueError(f"{split}.json was cut with another vocabulary than {args.target}'s: rerun "
-                             "python bench/spec_splits.py")
+        spec_splits.check_vocabulary(content, vocabulary, args.target)
         picked = {category: spread(content["categories"][category], n) for category in args.categories}
         longest = max(len(prompt["tokens"]) for chosen in picked.values() for prompt in chosen)
         if longest + args.new_tokens > n_ctx:
@@ -353,7 +351,7 @@ def main(argv=None):
     try:
         files = {split: spec_splits.load(split, args.prompts_dir) for split in spec_splits.SPLITS}
         _, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-        vocabulary = spec_splits.sha256_of(Path(args.models_dir) / args.target / "encoder.json")
+        vocabulary = spec_splits.target_vocabulary(args.models_dir, args.target)
         prompts, prompt_record = chosen_prompts(files, args, hparams["n_ctx"], vocabulary)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

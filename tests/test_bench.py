@@ -20,7 +20,9 @@ import engine
 import gpt2
 from encoder import get_encoder_from_dir
 from engine import layouts
+from helpers import as_lists, split_prompts
 from speedup import costs
+from speedup.stats import expected_speedup
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(n_vocab=97, n_ctx=64, n_embd=32, n_head=4, n_layer=2)
@@ -149,15 +151,13 @@ def test_gpu_bench_smoke_run_on_the_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("temperature", [0, 1])
-def test_pair_bench_runs_on_the_held_out_sample(temperature):
-    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--n_prompts", "3", "--n_tokens", "16", "--K", "1,4,auto", "--perplexity_tokens", "200",
-               "--temperature", str(temperature), "--prompt_offset", str(temperature / 2)]
+def test_pair_bench_runs_on_the_committed_splits(temperature):
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--n_prompts", "3", "--n_tokens", "16",
+               "--K", "1,4,auto", "--perplexity_prompts", "2", "--temperature", str(temperature)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert [row["K"] for row in result["by_K"]] == [1, 4, "auto"] and result["temperature"] == temperature
-    assert result["prompt_offset"] == temperature / 2  # temperature 1 runs the second set of prompts
     for row in result["by_K"]:
         assert 0 <= row["acceptance_rate"] <= 1 and row["median_speedup"] > 0
         low, high = row["speedup_range"]["min"], row["speedup_range"]["max"]
@@ -168,25 +168,59 @@ def test_pair_bench_runs_on_the_held_out_sample(temperature):
         assert sum(row["accepted_length_counts"]) > 0
     auto = result["by_K"][-1]
     assert sum(auto["K_chosen_counts"].values()) > 0 and all(0 <= int(K) <= 12 for K in auto["K_chosen_counts"])
-    best = max(result["by_K"][:2], key=lambda row: row["median_speedup"])
-    assert (result["best_K"], result["best_median_speedup"]) == (best["K"], best["median_speedup"])
-    assert result["auto_over_best_fixed"] == pytest.approx(auto["median_speedup"] / best["median_speedup"])
+    # the best K is chosen on the development split (fixed K only), and reported by its row on the test split
+    calibration = result["calibration"]
+    assert calibration["split"] == "dev" and [row["K"] for row in calibration["by_K"]] == [1, 4]
+    assert {row["split"] for row in calibration["by_K"]} == {"dev"} and {row["split"] for row in result["by_K"]} == {
+        "test"} == {result["split"]}
+    best = max(calibration["by_K"], key=lambda row: row["median_speedup"])
+    on_test = next(row for row in result["by_K"] if row["K"] == best["K"])
+    assert (result["best_K"], result["best_median_speedup"]) == (best["K"], on_test["median_speedup"])
+    assert result["auto_over_best_fixed"] == pytest.approx(auto["median_speedup"] / on_test["median_speedup"])
     assert len(result["costs"]["verify_steps"]) == 16 and result["costs"]["cost_ratio"] > 0
     assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
+    assert result["perplexity_prompts"]["split"] == "test" and result["perplexity_prompts"]["prompt_tokens"] == 64
     assert result["machine"]["cpu"] and result["machine"]["blas"]["name"]  # what the speed depends on
 
 
-@pytest.mark.parametrize("offset", ["1", "-0.1", "nan"])
-def test_pair_bench_refuses_a_prompt_offset_outside_its_share_of_the_text(offset):
-    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--prompt_offset", offset]
+def test_pair_bench_chooses_K_on_dev_prompts_and_reports_on_test_prompts(monkeypatch, capsys):
+    """Every run reads the split it claims: the calibration's the development split's open prompts, the rows' and
+    the costs' what the files hold for their split, the test split's (a bench that read the wrong split fails)."""
+    pair, read = load_bench("pair"), []
+    measure_K = pair.measure_K
+    monkeypatch.setattr(pair, "measure_K", lambda K, prompts, *rest: read.append((K, as_lists(prompts))) or
+                        measure_K(K, prompts, *rest))
+    pair.main(["--n_prompts", "2", "--n_tokens", "6", "--K", "2,auto", "--perplexity_prompts", "1"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    dev, test = split_prompts("dev", 2, 32), split_prompts("test", 2, 32)
+    assert dev != test and read == [(2, dev), (2, test), ("auto", test)]
+    assert result["prompts"]["dev"]["ids"] == result["prompts"]["test"]["ids"] == ["open-00", "open-32"]
+    for split in ("dev", "test"):
+        committed = (REPO / "bench" / "prompts" / f"{split}.json").read_bytes()
+        assert result["prompts"][split]["sha256"] == hashlib.sha256(committed).hexdigest()
+
+
+@pytest.mark.parametrize("bench", ["pair", "verifier_gains", "drafter_zoo", "early_exit", "frspec_vocabulary"])
+def test_a_bench_on_the_splits_says_how_to_cut_them_when_a_file_is_missing(bench, tmp_path):
+    (tmp_path / "dev.json").write_text((REPO / "bench" / "prompts" / "dev.json").read_text())
+    command = [sys.executable, str(REPO / "bench" / f"{bench}.py"), "--prompts_dir", str(tmp_path)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert completed.returncode == 2 and "--prompt_offset must be at least 0 and below 1" in completed.stderr
-    assert "Traceback" not in completed.stderr
+    assert completed.returncode == 2 and completed.stdout == "" and "Traceback" not in completed.stderr
+    assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
+    assert f"no test prompts at {tmp_path / 'test.json'}" in completed.stderr
+    assert "python bench/spec_splits.py" in completed.stderr
 
 
-@pytest.mark.parametrize("bench", ["pair", "text_quality", "verifier_gains"])
-def test_a_bench_on_held_out_text_says_how_to_build_it_when_it_is_missing(bench, tmp_path):
-    command = [sys.executable, str(REPO / "bench" / f"{bench}.py"), "--heldout", str(tmp_path / "heldout.txt")]
+@pytest.mark.parametrize("flags, message", [(["--n_prompts", "65"], "--n_prompts must be from 1 to 64"),
+                                            (["--prompt_tokens", "65"], "--prompt_tokens must be from 1 to 64")])
+def test_a_bench_on_the_splits_refuses_more_prompts_or_tokens_than_a_file_holds(flags, message):
+    completed = subprocess.run([sys.executable, str(REPO / "bench" / "drafter_zoo.py"), *flags], capture_output=True,
+                               text=True, timeout=60, cwd=REPO)
+    assert completed.returncode == 2 and message in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_text_quality_says_how_to_build_the_held_out_text_when_it_is_missing(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "text_quality.py"), "--heldout", str(tmp_path / "heldout.txt")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert completed.returncode == 2 and completed.stdout == ""
     assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
@@ -194,9 +228,8 @@ def test_a_bench_on_held_out_text_says_how_to_build_it_when_it_is_missing(bench,
 
 
 def test_pair_bench_takes_prompt_lookup_as_the_draft():
-    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--draft", "prompt-lookup", "--n_prompts", "2", "--n_tokens", "16", "--K", "2,auto",
-               "--perplexity_tokens", "100"]
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--draft", "prompt-lookup", "--n_prompts", "2",
+               "--n_tokens", "16", "--K", "2,auto", "--perplexity_prompts", "2"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -206,8 +239,8 @@ def test_pair_bench_takes_prompt_lookup_as_the_draft():
 
 
 def test_auto_k_bench_replays_settings_on_a_pair_runs_costs(tmp_path):
-    pair = subprocess.run([sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-                           "--n_prompts", "2", "--n_tokens", "12", "--K", "1,3", "--perplexity_tokens", "50"],
+    pair = subprocess.run([sys.executable, str(REPO / "bench" / "pair.py"), "--n_prompts", "2", "--n_tokens", "12",
+                           "--K", "1,3", "--perplexity_prompts", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert pair.returncode == 0, pair.stderr[-2000:]
     (tmp_path / "pair.json").write_text(pair.stdout)
@@ -215,6 +248,8 @@ def test_auto_k_bench_replays_settings_on_a_pair_runs_costs(tmp_path):
                                capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["split"] == "dev" and result["prompts"] == json.loads(pair.stdout.strip().splitlines()[-1])[
+        "prompts"]["dev"]  # it replays the prompts the pair run calibrated on
     assert set(result["fixed_K_temperature_0"]) == {"1", "2", "3", "4", "6", "8"}
     assert result["best_fixed_temperature_0"] == max(result["fixed_K_temperature_0"].values())
     assert len(result["settings"]) == 36 and all(row["temperature_0"] > 0 and row["temperature_1"] > 0
@@ -629,6 +664,29 @@ def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
     assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
     assert work["block_rows"] == {"reused": 5 * 6 + 2, "recomputed": 5 * 8}  # the last draft alone runs blocks 1-2
     assert work["fall_in_block_rows"] == pytest.approx(work["drafted_rows_layer_share"]) == 0.2  # 4 of 5 rows skip 2/8
+
+
+def test_the_early_exit_bench_chooses_its_exit_layer_on_dev_prompts_and_reports_on_test_prompts(monkeypatch, capsys):
+    """The choice reads the development split's open prompts alone, every reported row the test split's: a bench
+    that read the wrong split fails."""
+    early_exit, read = load_bench("early_exit"), []
+    greedy_acceptance = early_exit.greedy_acceptance
+    monkeypatch.setattr(early_exit, "greedy_acceptance", lambda target, draft, prompts, *rest: read.append(
+        (rest[-1], as_lists(prompts))) or greedy_acceptance(target, draft, prompts, *rest))
+    early_exit.main(["--exit_layers", "1,6", "--n_prompts", "2", "--prompt_tokens", "16", "--n_tokens", "6",
+                     "--K", "2", "--rounds", "1"])
+    result = json.loads(capsys.readouterr().out)
+    dev, test = split_prompts("dev", 2, 16), split_prompts("test", 2, 16)
+    assert read == [(f"exit layer {layer}, {split}", prompts) for layer in (1, 6)
+                    for split, prompts in (("dev", dev), ("test", test))]
+    choice, rows = result["choice"], result["by_exit_layer"]
+    assert choice["split"] == "dev" and [row["split"] for row in choice["by_exit_layer"]] == ["dev", "dev"]
+    assert result["split"] == "test" and [row["split"] for row in rows] == ["test", "test"]
+    assert result["chosen_exit_layer"] == max(choice["by_exit_layer"], key=lambda row: row["expected_speedup"])[
+        "exit_layer"]
+    assert {split: record["split"] for split, record in result["prompts"].items()} == {"dev": "dev", "test": "test"}
+    for row in rows:  # the expected speedup of each split prices its own alpha at the same c and v
+        assert row["expected_speedup"] == pytest.approx(expected_speedup(row["alpha"], row["c"], 2, row["v_K_plus_1"]))
 
 
 def test_the_drafters_bench_builds_kangaroo_at_its_confidence_threshold(capsys):
