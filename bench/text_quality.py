@@ -6,8 +6,9 @@
   (perplexity). Two sets: the held-out documents of the corpus (each cut to its first --doc_chars
   characters), and Python source outside the corpus: NumPy's own modules (tests left out), which
   tools/build_corpus.py never takes.
-- Distinct 4-grams: --n_prompts prompts of --prompt_tokens tokens, spread evenly over the held-out text
-  (as bench/pair.py picks them), each continued greedily (temperature 0) for --n_tokens tokens. For each
+- Distinct 4-grams: --n_prompts open prompts of the held-out text's test split (bench/prompts/test.json,
+  bench/spec_splits.py; their first --prompt_tokens tokens; the bench chooses nothing, so it reads no development
+  prompt), each continued greedily (temperature 0) for --n_tokens tokens. For each
   continuation, distinct 4-grams / all 4-grams; `distinct_4grams` is their mean, `distinct_4grams_pooled`
   counts over all continuations together. Loops score low: a 4-token loop gives 4 distinct of 93.
 
@@ -29,6 +30,7 @@ import engine
 import gpt2
 import sampling
 import utils
+from bench import spec_splits
 from bench.heldout import require_heldout
 from encoder import EOT
 
@@ -98,9 +100,10 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="scored too, for comparison ('' to skip)")
     parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
+    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
     for flag, default, meaning in (("--doc_chars", 2000, "characters scored per document"),
                                    ("--numpy_files", 40, "NumPy modules scored as unseen Python (0: none)"),
-                                   ("--n_prompts", 8, "held-out prompts continued greedily"),
+                                   ("--n_prompts", 8, "test prompts continued greedily"),
                                    ("--prompt_tokens", 32, "tokens in each prompt"),
                                    ("--n_tokens", 96, "greedy tokens per prompt"),
                                    ("--samples", 3, "continuations printed as text in the result")):
@@ -111,6 +114,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     require_heldout(args.heldout)
+    prompts, record = spec_splits.bench_prompts(args, "test")
     started = time.perf_counter()
     encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     models = {"target": (hparams, params)}
@@ -128,14 +132,10 @@ def main(argv=None):
         result.update(target_bits_per_byte_numpy=bpb, numpy_bytes=n_bytes, numpy_version=np.__version__,
                       numpy_files=names)
 
-    text = Path(args.heldout).read_text(encoding="utf-8").replace(EOT, "\n")
-    tokens = np.asarray(encoder.encode(text))
-    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
     continuations = greedy_continuations(engine.fast_model(params, hparams), prompts, args.n_tokens)
     counts = [distinct_ngrams(c) for c in continuations]
     pooled = [tuple(c[i:i + 4]) for c in continuations for i in range(len(c) - 3)]
-    result.update(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens, n_tokens=args.n_tokens,
+    result.update(split="test", prompts=record, n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens, n_tokens=args.n_tokens,
                   distinct_4grams=float(np.mean([d / t for d, t in counts])),
                   distinct_4grams_pooled=len(set(pooled)) / len(pooled),
                   samples=[{"prompt": encoder.decode(p.tolist()), "continuation": encoder.decode(c)}

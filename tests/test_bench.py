@@ -1,7 +1,7 @@
 """The benchmarks still run and still measure what they claim, on tiny models (their speed is never tested:
 bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
 bench/speculative.py runs end to end on a tiny random pair, bench/pair.py and bench/batch.py on the bundled
-pair and the held-out sample, bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU,
+pair and the committed prompt splits, bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU,
 and bench/train_step.py for two one-window steps of the bundled pair.
 """
 
@@ -18,6 +18,7 @@ import pytest
 
 import engine
 import gpt2
+import sampling
 from encoder import get_encoder_from_dir
 from engine import layouts
 from helpers import as_lists, split_prompts
@@ -319,6 +320,8 @@ def test_batch_bench_reports_every_batch_size_on_the_bundled_pair():
     result, progress = run_batch_bench("--batch_sizes", "1,3", "--n_tokens", "8", "--prompt_tokens", "8",
                                        "--repeats", "2", "--K", "3")
     assert result["batch_sizes"] == [1, 3] and len(progress) == 2 * 2  # a line per batch size and repeat
+    assert result["split"] == result["prompts"]["split"] == "test"  # row i: the test split's i-th of 3 open prompts
+    assert result["prompts"]["ids"] == ["open-00", "open-21", "open-42"] and result["prompts"]["prompt_tokens"] == 8
     rows = result["by_batch_size"]
     for key in ("autoregressive_tokens_per_s", "speculative_tokens_per_s", "speedup"):
         assert result[key] == [row[key]["median"] for row in rows]  # the medians, beside their ranges
@@ -500,6 +503,44 @@ def test_drafters_bench_refuses_prompt_files_it_cannot_use(damage, tmp_path):
             "swapped": "not 'dev'"}[damage] in completed.stderr
 
 
+def test_drafters_bench_reports_eagles_tree_one_hot_and_sampled_at_temperature_1(tmp_path):
+    """At temperature 1 EAGLE's head drafts two trees, in rows named apart: EAGLE-2's dynamic tree, its chosen nodes
+    judged by the one-hot rule, and a sampled tree (three drafts drawn from the head's p, judged against it by recursive
+    rejection); at temperature 0 the sampled tree's drafts would be one chain, so it has no row there."""
+    (tmp_path / "teach-eagle").symlink_to(REPO / "models" / "teach-eagle")
+    result = run_spec_bench(tmp_path, "--drafters", "eagle-tree,eagle-sampled-tree", "--categories", "open")
+    rows = {(row["drafter"], row["temperature"]): row for row in result["rows"]}
+    assert set(rows) == {("eagle-tree", 0), ("eagle-tree", 1), ("eagle-sampled-tree", 1)} and not result["skipped"]
+    assert rows["eagle-tree", 1]["tree_rule"] == "one-hot" and rows["eagle-sampled-tree", 1]["tree_rule"] == "sampled"
+    sampled = rows["eagle-sampled-tree", 1]
+    assert (sampled["K"], sampled["n_nodes"], sampled["split"]) == (1, None, "test")  # --quick: depth 1 alone
+    assert 1 <= sampled["tokens_per_call"] <= 2 and result["settings"]["choices"]["eagle-sampled-tree"] == [[1, None]]
+
+
+def test_recorded_loops_merge_a_loops_drafts_and_read_acceptance_from_the_decoders_record():
+    """The drafts proposed from the same x are one loop's sampled tree (nodes shared where prefixes are); accepted and
+    judged come from the decoder's origins, not from matching the tokens against the tree."""
+    spec_stats = load_bench("spec_stats")
+
+    class Fixed:  # proposes the given chains in turn, each one-hot
+        n_vocab = 5
+
+        def __init__(self, chains):
+            self.chains = iter(chains)
+
+        def propose(self, x, K, settings, rng, stats):
+            drafts = np.array(next(self.chains), dtype=np.int64)
+            return drafts, np.eye(5, dtype=np.float32)[drafts]
+
+    recorded = spec_stats.Recorded(Fixed([[1, 2], [1, 3], [4], [2, 2]]))
+    for length in (5, 5, 5, 7):
+        recorded.propose(np.zeros(length, dtype=np.int64), 2, sampling.GREEDY, np.random.default_rng(0), None)
+    # loop 1: nodes 1, 1-2, 1-3, 4; one accepted, the next judged and refused; loop 2: both accepted, then the bonus
+    assert recorded.loops(["accepted", "corrected", "accepted", "accepted", "bonus"]) == [(1, 2, 4), (2, 2, 2)]
+    with pytest.raises(AssertionError, match="3 loops decoded, 2 proposed"):
+        recorded.loops(["corrected", "corrected", "target"])
+
+
 def test_drafters_bench_replays_what_each_loop_accepted():
     """The loops the benchmark reads back from a run (its alpha per depth and its formula) hold exactly what the
     decoder counted: as many loops, the same accepted drafts, the same tokens."""
@@ -511,16 +552,24 @@ def test_drafters_bench_replays_what_each_loop_accepted():
     params = gpt2.init_params(TINY, np.random.default_rng(0))
     target = gpt2.GPT2Model(params, TINY)
     prompt = np.array([5, 17, 3, 9, 5, 17, 3, 9, 5, 17], dtype=np.int64)
+    head = init_head(TINY, np.random.default_rng(1))
     drafters = [bench.Drafter("prompt-lookup", PromptLookup(TINY["n_vocab"]), [(3, None)]),
-                bench.Drafter("eagle-tree", EagleTree(target, init_head(TINY, np.random.default_rng(1)), 4), [(3, 4)])]
+                bench.Drafter("eagle-tree", EagleTree(target, head, 4), [(3, 4)], "dynamic"),
+                bench.Drafter("eagle-sampled-tree", EagleTree(target, head, 4), [(3, None)], "sampled")]
     for drafter in drafters:
         for temperature in (0.0, 1.0):
             out, seconds, run_stats, loops = bench.run(target, drafter, drafter.choices[0], prompt, 20, temperature, 0)
             assert len(loops) == run_stats.loops and sum(accepted for accepted, _, _ in loops) == run_stats.accepted
             assert sum(1 + accepted for accepted, _, _ in loops) == run_stats.generated == 20 and seconds > 0
+            assert sum(judged - accepted for accepted, judged, _ in loops) == run_stats.rejected
             assert all(accepted <= judged <= accepted + 1 for accepted, judged, _ in loops)
             counts = stats.accepted_length_counts(loops)
             assert sum(counts) == len(loops) and sum(n * count for n, count in enumerate(counts)) == run_stats.accepted
+            # a loop's drafted: its tree's nodes; a sampled tree merges its 3 drafts of K tokens, sharing prefixes
+            most = {None: 3, "dynamic": 4, "sampled": 3 * 3}[drafter.drafts]
+            assert all(accepted <= drafted <= most for accepted, _, drafted in loops)
+            if drafter.drafts == "sampled":  # three draws from x: more nodes than a chain's where they differ
+                assert max(drafted for *_, drafted in loops) > 3 or temperature == 0
     loops = [(2, 3, 4), (0, 1, 4), (4, 4, 4)]
     assert stats.acceptance_by_depth(loops) == [{"depth": 1, "judged": 3, "accepted": 2},
                                                 {"depth": 2, "judged": 2, "accepted": 2},

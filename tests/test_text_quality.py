@@ -87,4 +87,8 @@ def test_text_quality_bench_runs_on_the_held_out_sample():
     assert result["target_bits_per_byte"] < result["draft_bits_per_byte"] + 0.1
     assert 0 < result["distinct_4grams"] <= 1 and 0 < result["distinct_4grams_pooled"] <= 1
     assert len(result["samples"]) == 1 and result["samples"][0]["continuation"]
+    assert result["split"] == result["prompts"]["split"] == "test" and result["prompts"]["ids"] == ["open-00", "open-32"]
+    committed = json.loads((REPO / "bench" / "prompts" / "test.json").read_text())["categories"]["open"]
+    assert result["samples"][0]["prompt"] == get_encoder_from_dir(REPO / "models" / "teach-target").decode(
+        committed[0]["tokens"][:32])  # the test split's first open prompt, its first 32 tokens
     assert len(result["numpy_files"]) == 2
