@@ -138,13 +138,7 @@ class Drafter:
 
     def __init__(self, name, model, choices, drafts=None):
         self.name, self.model, self.choices, self.drafts = name, model, tuple(choices), drafts
-
-    @property
-    def tree_rule(self):  # -> how the tree's nodes are judged: None for a chain
-        return {None: None, "dynamic": "one-hot", "sampled": "sampled"}[self.drafts]
-
-    def runs_at(self, temperature):  # at temperature 0 p is one-hot: a sampled tree's drafts would all be one chain
-        return self.drafts != "sampled" or temperature > 0
+        self.tree_rule = {None: None, "dynamic": "one-hot", "sampled": "sampled"}[drafts]  # how its nodes are judged
 
 
 def build_drafter(name, target, draft_model, args):  # -> Drafter, or a ValueError saying why it cannot be built
@@ -291,7 +285,8 @@ def row(drafter, category, temperature, calibrated, runs, speedups, same, decode
 
 def bench_category(drafters, category, prompts, target, args, temperature, measured):  # -> rows
     """Calibrated on the category's development prompts, timed on its test prompts."""
-    drafters = [drafter for drafter in drafters if drafter.runs_at(temperature)]
+    # at temperature 0 p is one-hot: a sampled tree's drafts would all be one chain
+    drafters = [drafter for drafter in drafters if drafter.drafts != "sampled" or temperature > 0]
     calibrated = calibrate(drafters, prompts["dev"], target, args.new_tokens, temperature)
     choices = {name: (entry["kept"]["K"], entry["kept"]["n_nodes"]) for name, entry in calibrated.items()}
     runs, reference_runs, speedups, same = measure(drafters, choices, prompts["test"], target, args, temperature)
