@@ -127,8 +127,8 @@ def main(argv=None):
         return policy
 
     fixed = {K: median_speedup(greedy, lambda K=K: (lambda stats: K)) for K in FIXED_K}
-    result = {"pair": args.pair, "split": "dev", "prompts": calibrated, "fixed_K_temperature_0": fixed, "best_fixed_temperature_0": max(fixed.values()),
-              "alpha_t1": args.alpha_t1, "settings": []}
+    result = {"pair": args.pair, "split": "dev", "prompts": calibrated, "fixed_K_temperature_0": fixed,
+              "best_fixed_temperature_0": max(fixed.values()), "alpha_t1": args.alpha_t1, "settings": []}
     for values in itertools.product(*SETTINGS.values()):
         setting = dict(zip(SETTINGS, values))
         row = {**setting, "temperature_0": median_speedup(greedy, auto(*values)),

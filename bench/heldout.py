@@ -126,7 +126,7 @@ def add_greedy_run_arguments(parser):  # the flags of greedy_acceptance's runs a
                         help="dev.json and test.json (bench/spec_splits.py)")
 
 
-def greedy_references(target, prompts, N):  # -> autoregressive decoding's N greedy tokens after each prompt (x and them)
+def greedy_references(target, prompts, N):  # -> autoregressive decoding's N greedy tokens after each prompt (x, them)
     expected = []
     for prompt in prompts:
         target.reset()

@@ -51,6 +51,10 @@ def named_documents(heldout_path, manifest_path):  # -> [(name, text)] in the he
     return list(zip(names, texts))
 
 
+def of_split(documents, split):  # -> the (name, text) of these documents that split_of puts in split
+    return [(name, text) for name, text in documents if split_of(name) == split]
+
+
 def document_tokens(encoder, documents):  # -> (tokens, index of the document each token comes from)
     """Each document encoded on its own, so that no token spans two; a line break between documents (its own,
     bench/heldout.held_out_tokens' stand-in for the separator)."""
@@ -86,7 +90,7 @@ def split_files(encoder, documents, settings, command, source):  # -> {split: th
     """Both splits' files: the documents of each (split_of) and the prompts cut from them."""
     files = {}
     for split in SPLITS:
-        mine = [(name, text) for name, text in documents if split_of(name) == split]
+        mine = of_split(documents, split)
         files[split] = {"split": split, "rule": RULE, "command": command, "heldout": source, "settings": settings,
                         "documents": [name for name, _ in mine],
                         "categories": cut(encoder, mine, settings["per_category"], settings["prompt_tokens"],
@@ -123,8 +127,8 @@ def target_vocabulary(models_dir, target):  # -> the sha256 of the target's voca
 
 def open_prompts(split, n, prompt_tokens, models_dir, target, prompts_dir=PROMPTS_DIR):  # -> (prompts, their record)
     """n of the split's open prompts (held-out text to continue), spread over the file's, each cut to its first
-    prompt_tokens tokens (None: whole): what the benches other than spec_bench read. The record (the JSON's "prompts" entry) names
-    the split, the file's sha256, the ids read and the tokens kept of each."""
+    prompt_tokens tokens (None: whole): what the benches other than spec_bench read. The record (the JSON's
+    "prompts" entry) names the split, the file's sha256, the ids read and the tokens kept of each."""
     content = load(split, prompts_dir)
     check_vocabulary(content, target_vocabulary(models_dir, target), target)
     longest, available = content["settings"]["prompt_tokens"], content["categories"]["open"]

@@ -152,8 +152,9 @@ def main(argv=None):
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     target, draft = engine.fast_model(target_params, target_hparams), engine.fast_model(draft_params, draft_hparams)
     result = {"benchmark": "verifiers beyond Algorithm 2 on the bundled pair", "draft": args.draft,
-              "target": args.target, "split": "test", "prompts": record, "n_prompts": args.n_prompts, "seeds": args.seeds,
-              "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "rows": [], "gains": {}}
+              "target": args.target, "split": "test", "prompts": record, "n_prompts": args.n_prompts,
+              "seeds": args.seeds, "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "rows": [],
+              "gains": {}}
     for temperature in args.temperature:
         rows = measure(temperature, prompts, draft, target, args)
         for row in rows.values():
