@@ -45,7 +45,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", required=True, help="a bench/pair.py JSON (its last line): the loops' costs")
     parser.add_argument("--models_dir", default="models")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--alpha_t1", type=float, default=0.72, help="mean alpha of the temperature-1 replay")
     return parser.parse_args(argv)
 

@@ -63,7 +63,7 @@ def parse_args():
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--draft", default="teach-draft")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--small", action="store_true", help="jax: tiny shapes, a smoke run on any device")
     args = parser.parse_args()

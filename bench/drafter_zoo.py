@@ -28,6 +28,7 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--bugs", default=",".join(drafter_zoo.ZOO))
     add_greedy_run_arguments(parser)
+    spec_splits.add_prompts_dir_argument(parser)
     args = parser.parse_args(argv)
     args.bugs = args.bugs.split(",")
     unknown = [name for name in args.bugs if name not in drafter_zoo.ZOO]

@@ -37,6 +37,7 @@ def parse_args(argv=None):
     parser.add_argument("--exit_layers", default="1,2,4,6")
     parser.add_argument("--rounds", type=int, default=50, help="timed rounds of a loop's calls (draft, verifications)")
     add_greedy_run_arguments(parser)
+    spec_splits.add_prompts_dir_argument(parser)
     args = parser.parse_args(argv)
     args.exit_layers = [int(layer) for layer in args.exit_layers.split(",")]
     return args

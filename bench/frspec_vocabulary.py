@@ -53,6 +53,7 @@ def parse_args(argv=None):
     parser.add_argument("--sizes", default="4096,2048,1024,512")
     parser.add_argument("--coverage_prompts", type=int, default=64, help="test prompts the coverage is over")
     add_greedy_run_arguments(parser)
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

@@ -117,13 +117,11 @@ def spread(items, n):  # -> n of the items (all of them where there are fewer), 
     return [items[i * len(items) // n] for i in range(n)] if n < len(items) else list(items)
 
 
-def add_greedy_run_arguments(parser):  # the flags of greedy_acceptance's runs and of the split's prompts they read
+def add_greedy_run_arguments(parser):  # the flags of greedy_acceptance's runs and of the prompts they read
     parser.add_argument("--K", type=int, default=4)
     parser.add_argument("--n_prompts", type=int, default=4, help="open prompts of each split read")
     parser.add_argument("--prompt_tokens", type=int, default=64, help="the first tokens of each prompt kept")
     parser.add_argument("--n_tokens", type=int, default=48)
-    parser.add_argument("--prompts_dir", default=str(Path(__file__).resolve().parent / "prompts"),
-                        help="dev.json and test.json (bench/spec_splits.py)")
 
 
 def greedy_references(target, prompts, N):  # -> autoregressive decoding's N greedy tokens after each prompt (x, them)

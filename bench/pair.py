@@ -51,7 +51,7 @@ def parse_args(argv=None):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--draft", default="teach-draft", help="a model folder, or prompt-lookup")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--n_prompts", type=int, default=24, help="open prompts of each split")
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--n_tokens", type=int, default=128, help="tokens generated per prompt")

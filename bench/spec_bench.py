@@ -99,7 +99,7 @@ def parse_args(argv=None):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="the draft model's folder (drafter 'draft')")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--prompts", type=int, help=f"prompts per category, on each split (default {FULL['prompts']})")
     parser.add_argument("--new_tokens", type=int, help=f"tokens generated per run (default {FULL['new_tokens']})")
     parser.add_argument("--repeats", type=int, help=f"measured rounds (default {FULL['repeats']})")

@@ -115,6 +115,10 @@ def load(split, prompts_dir=PROMPTS_DIR):  # -> the committed file of that split
     return content
 
 
+def add_prompts_dir_argument(parser):  # the flag of every bench that reads the splits
+    parser.add_argument("--prompts_dir", default=str(PROMPTS_DIR), help="dev.json and test.json (bench/spec_splits.py)")
+
+
 def check_vocabulary(content, vocabulary, target):  # a file cut with another vocabulary than the target's is refused
     if content["settings"]["vocabulary_sha256"] != vocabulary:
         raise ValueError(f"{content['split']}.json was cut with another vocabulary than {target}'s: rerun "

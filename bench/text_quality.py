@@ -101,7 +101,7 @@ def parse_args(argv=None):
     parser.add_argument("--draft", default="teach-draft", help="scored too, for comparison ('' to skip)")
     parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
     parser.add_argument("--manifest", help="its manifest.json, naming the documents (default: beside --heldout)")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     for flag, default, meaning in (("--doc_chars", 2000, "characters scored per document"),
                                    ("--numpy_files", 40, "NumPy modules scored as unseen Python (0: none)"),
                                    ("--n_prompts", 8, "test prompts continued greedily"),

@@ -69,7 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--draft", default="teach-draft")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--n_prompts", type=int, default=16)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0, 1, ...)")
