@@ -138,10 +138,9 @@ def open_prompts(split, n, prompt_tokens, models_dir, target, prompts_dir=PROMPT
     longest, available = content["settings"]["prompt_tokens"], content["categories"]["open"]
     prompt_tokens = longest if prompt_tokens is None else prompt_tokens
     if not 1 <= prompt_tokens <= longest:
-        raise ValueError(f"--prompt_tokens must be from 1 to {longest} (the length of the {split} prompts), "
-                         f"got {prompt_tokens}")
+        raise ValueError(f"the {split} prompts hold {longest} tokens each: asked for {prompt_tokens}")
     if not 1 <= n <= len(available):
-        raise ValueError(f"--n_prompts must be from 1 to {len(available)} (the {split} split's open prompts), got {n}")
+        raise ValueError(f"the {split} split holds {len(available)} open prompts: asked for {n}")
     chosen = heldout.spread(available, n)
     record = {"split": split, "sha256": sha256_of(Path(prompts_dir) / f"{split}.json"), "category": "open",
               "ids": [prompt["id"] for prompt in chosen], "prompt_tokens": prompt_tokens}
