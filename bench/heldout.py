@@ -31,12 +31,7 @@ def held_out_tokens(encoder, path):
 # Prompts of three kinds for bench/spec_bench.py (bench/spec_splits.py cuts them), all from the held-out text (never
 # from what the pair trained on)
 
-def open_prompts(tokens, n, prompt_tokens):
-    """n windows of prompt_tokens tokens spread evenly over the held-out tokens (bench/pair.py's): text to continue."""
-    return [tokens[start:start + prompt_tokens] for start in open_starts(len(tokens), n, prompt_tokens)]
-
-
-def open_starts(n_tokens, n, prompt_tokens):  # -> where open_prompts' n windows start
+def open_starts(n_tokens, n, prompt_tokens):  # -> where n windows of text to continue start, spread evenly
     stride = (n_tokens - prompt_tokens - 1) // n
     if stride < 1:
         raise ValueError(f"the held-out text is too short for {n} prompts of {prompt_tokens} tokens")

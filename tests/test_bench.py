@@ -591,9 +591,7 @@ def test_held_out_prompts_of_each_kind():
     tokens = np.array(list(range(100, 160)) + [1, 2, 3, 4] * 10 + list(range(200, 260)))
     starts, scores = heldout.structured_starts(tokens, 1, 8, 8)
     assert scores == [9 / 13] and set(tokens[starts[0]:starts[0] + 16].tolist()) <= {1, 2, 3, 4}  # inside the repeats
-    assert heldout.open_starts(len(tokens), 4, 8) == [0, 37, 74, 111]  # every (160 - 8 - 1) // 4 tokens, as pair.py's
-    windows = heldout.open_prompts(tokens, 4, 8)
-    assert [window.tolist() for window in windows] == [tokens[start:start + 8].tolist() for start in (0, 37, 74, 111)]
+    assert heldout.open_starts(len(tokens), 4, 8) == [0, 37, 74, 111]  # every (160 - 8 - 1) // 4 tokens
     assert heldout.spread(list(range(10)), 4) == [0, 2, 5, 7] and heldout.spread([1, 2], 5) == [1, 2]
 
 
