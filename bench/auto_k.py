@@ -3,9 +3,10 @@
 At temperature 0 a draft is accepted exactly when the draft's greedy token is the target's, so a prompt's
 acceptances are fixed once the target's greedy continuation is known: draft j of a loop is accepted when the
 draft, given the target's tokens so far, predicts the target's next token (a loop's earlier drafts, when
-accepted, are the target's tokens). This records that sequence for each held-out prompt (one forward pass of
-each model) and replays any K policy against it, pricing each loop at the costs bench/pair.py measured in its
-runs (a loop of K drafts: K c + v, both in decode steps, from the JSON's row for the nearest K; a plain step:
+accepted, are the target's tokens). This records that sequence for each prompt of the development split that
+bench/pair.py calibrated on (its JSON's prompts.dev: bench/spec_splits.py's, one forward pass of each model) and
+replays any K policy against it, pricing each loop at the costs bench/pair.py measured in those runs (a loop of K
+drafts: K c + v, both in decode steps, from its calibration's row for the nearest K; a plain step:
 1; a draft that missed m plain steps feeds them with its next step, at the target's measured v(m + 1), extended
 in a straight line beyond the measured 16 tokens).
 Temperature 1 is replayed with independent acceptances, alpha drawn around --alpha_t1 for each prompt.
@@ -13,7 +14,7 @@ Temperature 1 is replayed with independent acceptances, alpha drawn around --alp
 The replay runs in seconds, where a real measurement of one setting takes a minute and moves by 5-10% from
 run to run; it reproduced bench/pair.py's fixed-K medians within a few percent. speedup/costs.py's AutoK settings
 (PRIOR_*, MEMORY, OPTIMISM, WORTH_DRAFTING) were chosen with it; bench/pair.py --K ...,auto then measures
-the chosen ones for real.
+the chosen ones for real, on the test split.
 
     python bench/auto_k.py --pair bench/results/pair_cpu_zen4_stage14.json     # the costs of a bench/pair.py run
 
@@ -31,7 +32,7 @@ import numpy as np
 import engine
 import sampling
 import utils
-from bench.heldout import held_out_tokens, require_heldout
+from bench import spec_splits
 from speedup import costs
 from speedup.stats import SpeculativeStats
 
@@ -44,6 +45,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", required=True, help="a bench/pair.py JSON (its last line): the loops' costs")
     parser.add_argument("--models_dir", default="models")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--alpha_t1", type=float, default=0.72, help="mean alpha of the temperature-1 replay")
     return parser.parse_args(argv)
 
@@ -91,8 +93,11 @@ def replay(accepted, choose, loop_steps, catch_up_steps):
 def main(argv=None):
     args = parse_args(argv)
     pair = json.loads(Path(args.pair).read_text().strip().splitlines()[-1])
-    require_heldout(pair["heldout"])  # the pair run's prompts came from it
-    rows = {row["K"]: row for row in pair["by_K"] if row["K"] != "auto"}
+    calibrated = pair["prompts"]["dev"]  # the prompts the pair run calibrated on, and its rows there
+    prompts, _ = spec_splits.bench_prompts(argparse.Namespace(
+        n_prompts=len(calibrated["ids"]), prompt_tokens=calibrated["prompt_tokens"], models_dir=args.models_dir,
+        target=pair["target"], prompts_dir=args.prompts_dir), "dev")
+    rows = {row["K"]: row for row in pair["calibration"]["by_K"]}
     nearest = lambda K: rows[min(rows, key=lambda k: abs(k - K))]
     loop_steps = lambda K: K * nearest(K)["cost_ratio"] + nearest(K)["verify_steps"]
     measured = costs.MeasuredCosts(pair["costs"]["decode_step_seconds"], pair["costs"]["draft_step_seconds"],
@@ -103,11 +108,8 @@ def main(argv=None):
         measured.K_max - measured.K_max // 2)
     scored_steps = lambda m: measured.v(m) if m <= top else measured.v(top) + slope * (m - top)
     catch_up_steps = lambda m: measured.cost_ratio * (scored_steps(m + 1) - 1)
-    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(pair["target"], args.models_dir)
+    _, target_hparams, target_params = utils.load_encoder_hparams_and_params(pair["target"], args.models_dir)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(pair["draft"], args.models_dir)
-    tokens = held_out_tokens(encoder, pair["heldout"])
-    stride = (len(tokens) - pair["prompt_tokens"] - 1) // pair["n_prompts"]
-    prompts = [tokens[i * stride:i * stride + pair["prompt_tokens"]] for i in range(pair["n_prompts"])]
     draft, target = engine.fast_model(draft_params, draft_hparams), engine.fast_model(target_params, target_hparams)
     greedy = greedy_acceptances(draft, target, prompts, pair["n_tokens"])
     rng = np.random.default_rng(0)
@@ -125,8 +127,8 @@ def main(argv=None):
         return policy
 
     fixed = {K: median_speedup(greedy, lambda K=K: (lambda stats: K)) for K in FIXED_K}
-    result = {"pair": args.pair, "fixed_K_temperature_0": fixed, "best_fixed_temperature_0": max(fixed.values()),
-              "alpha_t1": args.alpha_t1, "settings": []}
+    result = {"pair": args.pair, "split": "dev", "prompts": calibrated, "fixed_K_temperature_0": fixed,
+              "best_fixed_temperature_0": max(fixed.values()), "alpha_t1": args.alpha_t1, "settings": []}
     for values in itertools.product(*SETTINGS.values()):
         setting = dict(zip(SETTINGS, values))
         row = {**setting, "temperature_0": median_speedup(greedy, auto(*values)),

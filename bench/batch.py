@@ -11,7 +11,8 @@ shrinks as B grows and turns into a slowdown (as serving systems report; noteboo
     python bench/batch.py --backend jax            # sampling_jax's device loops, GPT-2 124M -> 1558M shapes
     python bench/batch.py --backend jax --small    # the same on tiny shapes: a smoke run on any device
 
-numpy (the default): row i of a batch continues window i of held-out text (--heldout, --prompt_tokens),
+numpy (the default): row i of a batch continues the i-th of the max B open prompts of the held-out text's test
+split (bench/prompts/test.json, bench/spec_splits.py: the bench chooses nothing; their first --prompt_tokens tokens),
 with Generator seed i; each B has its own batched models (gpt2_batched.BatchedGPT2Model). After one untimed
 run of each decoder at each B, --repeats rounds run every B's autoregressive and speculative decodes
 back to back, so a drift in the machine's speed touches every B alike. Tokens per second: B x
@@ -30,19 +31,17 @@ speedup expected at alpha 0.6 and 0.8 from it.
 Prints progress lines, then one JSON object as its last line.
 """
 
-import os
-
-
 import argparse
 import json
+import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
 import gpt2
 import utils
+from bench import spec_splits
 from bench.machine import blas_info, cpu_model
 from batching import gpt2_batched, sampling_batched
 from speedup.stats import expected_speedup, expected_tokens_per_loop
@@ -64,7 +63,7 @@ def parse_args():
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--draft", default="teach-draft")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt", help="text the prompts come from")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--small", action="store_true", help="jax: tiny shapes, a smoke run on any device")
     args = parser.parse_args()
@@ -102,18 +101,10 @@ class TimedModel:
 # ------------------------------------------------------------------------------- numpy: the CPU
 
 
-def prompt_windows(encoder, path, n_prompts, prompt_tokens):
-    tokens = encoder.encode(Path(path).read_text(encoding="utf-8").replace("<|endoftext|>", "\n"))
-    stride = (len(tokens) - prompt_tokens) // n_prompts
-    if stride < 1:
-        raise SystemExit(f"{path} holds {len(tokens)} tokens: too few for {n_prompts} prompts of {prompt_tokens}")
-    return [tokens[i * stride:i * stride + prompt_tokens] for i in range(n_prompts)]
-
-
-def numpy_run(args):
-    encoder, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
+def numpy_run(args, prompts):
+    _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     _, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    prompts = prompt_windows(encoder, args.heldout, max(args.batch_sizes), args.prompt_tokens)
+    prompts = [prompt.tolist() for prompt in prompts]
     models = {B: (TimedModel(gpt2_batched.BatchedGPT2Model(draft_params, draft_hparams, B, "auto")),
                   TimedModel(gpt2_batched.BatchedGPT2Model(target_params, target_hparams, B, "auto")))
               for B in args.batch_sizes}
@@ -221,8 +212,11 @@ def main():
     result = {"backend": args.backend, "K": args.K, "temperature": args.temperature, "n_tokens": args.n_tokens,
               "repeats": args.repeats}
     if args.backend == "numpy":
-        result.update(draft=args.draft, target=args.target, heldout=args.heldout, prompt_tokens=args.prompt_tokens)
-        reports = numpy_run(args)
+        prompts, record = spec_splits.bench_prompts(argparse.Namespace(**vars(args), n_prompts=max(args.batch_sizes)),
+                                                    "test")
+        result.update(draft=args.draft, target=args.target, split="test", prompts=record,
+                      prompt_tokens=args.prompt_tokens)
+        reports = numpy_run(args, prompts)
         result["device"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__,
                             "blas": blas_info(), "load_average": os.getloadavg()}
     else:

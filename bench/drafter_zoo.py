@@ -5,15 +5,19 @@ bundled target with its trained heads, each drafter wired right and with one bug
 
 Each bug keeps the output exact (both wirings must decode the same tokens, or the run stops), so acceptance is all it
 can lose, and only a trained head shows it. A bug whose head is not in --models_dir (tools/train_heads.py writes
-models/teach-eagle, models/teach-medusa and models/teach-eagle3) is reported as skipped, with the reason. Prompts are
-evenly spaced stretches of the held-out text (default: the sample committed in tests/fixtures). Prints one JSON
-object.
+models/teach-eagle, models/teach-medusa and models/teach-eagle3) is reported as skipped, with the reason. The bench
+chooses nothing: its prompts are --n_prompts open prompts of the held-out text's test split (bench/prompts/test.json,
+bench/spec_splits.py; their first --prompt_tokens tokens), named in the JSON's "prompts" with their split. Prints one
+JSON object.
 """
 
 import argparse
 import json
 
-from bench.heldout import target_and_prompts
+import engine
+import utils
+from bench import spec_splits
+from bench.heldout import add_greedy_run_arguments
 from bench.machine import machine_line
 from classroom import drafter_zoo
 from drafters.eagle3 import vocabulary_d2t
@@ -24,12 +28,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt")
     parser.add_argument("--bugs", default=",".join(drafter_zoo.ZOO))
-    parser.add_argument("--K", type=int, default=4)
-    parser.add_argument("--n_prompts", type=int, default=4)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
-    parser.add_argument("--n_tokens", type=int, default=48)
+    add_greedy_run_arguments(parser)
+    spec_splits.add_prompts_dir_argument(parser)
     args = parser.parse_args(argv)
     args.bugs = args.bugs.split(",")
     unknown = [name for name in args.bugs if name not in drafter_zoo.ZOO]
@@ -59,11 +60,13 @@ def measure_bug(bug, target, prompts, args):  # -> the row for one bug
 
 def main(argv=None):
     args = parse_args(argv)
-    target, prompts = target_and_prompts(args)
+    prompts, record = spec_splits.bench_prompts(args, "test")
+    _, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    target = engine.fast_model(params, hparams)
     rows = [measure_bug(drafter_zoo.ZOO[name], target, prompts, args) for name in args.bugs]
-    print(json.dumps({"machine": machine_line(), "target": args.target, "K": args.K, "heldout": args.heldout,
-                      "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens,
-                      "temperature": 0, "by_bug": rows}))
+    print(json.dumps({"machine": machine_line(), "target": args.target, "K": args.K, "split": "test",
+                      "prompts": record, "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens,
+                      "n_tokens": args.n_tokens, "temperature": 0, "by_bug": rows}))
 
 
 if __name__ == "__main__":

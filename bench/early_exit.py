@@ -5,8 +5,12 @@ rounds; and Leviathan et al.'s expected speedup at the measured c and the paid v
 
     python bench/early_exit.py [--exit_layers 1,2,4,6] [--K 4] [--n_prompts 4] [--n_tokens 48] [--rounds 50]
 
-Prompts are evenly spaced stretches of the held-out text (default: the sample committed in tests/fixtures). Every
-speculative run's tokens must equal autoregressive decoding's. Prints one JSON object.
+The exit layer is chosen on one split and judged on another (bench/spec_splits.py): "chosen_exit_layer" is the
+layer of the highest expected speedup at its alpha on --n_prompts open prompts of the development split
+("choice", split dev), and every row of "by_exit_layer" is measured on as many open prompts of the test split (split
+test), the chosen layer's among them. c and v are the costs of calls of the same shapes whatever their tokens: timed
+once per layer, on the first test prompt, they price both splits' alphas. Every speculative run's tokens must equal
+autoregressive decoding's. Prints one JSON object.
 """
 
 import argparse
@@ -19,7 +23,8 @@ import numpy as np
 import engine
 import sampling
 import utils
-from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_prompts, held_out_tokens, require_heldout
+from bench import spec_splits
+from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_references
 from bench.machine import machine_line
 from drafters.early_exit import EarlyExit
 from speedup.stats import SpeculativeStats, expected_speedup
@@ -29,10 +34,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--heldout", default="tests/fixtures/heldout_sample.txt")
     parser.add_argument("--exit_layers", default="1,2,4,6")
     parser.add_argument("--rounds", type=int, default=50, help="timed rounds of a loop's calls (draft, verifications)")
     add_greedy_run_arguments(parser)
+    spec_splits.add_prompts_dir_argument(parser)
     args = parser.parse_args(argv)
     args.exit_layers = [int(layer) for layer in args.exit_layers.split(",")]
     return args
@@ -78,30 +83,38 @@ def verification_work(n_layer, exit_layer, K, seconds):  # -> the target's work 
             "drafted_rows_layer_share": K * exit_layer / ((K + 1) * n_layer)}
 
 
-def measure_exit(target, exit_layer, prompts, expected, K, N, rounds):  # -> the row for one exit layer
+def measure_exit(target, exit_layer, splits, K, N, rounds):  # -> the row for one exit layer, its alpha on dev
+    """splits: {split: (prompts, autoregressive decoding's tokens after each)}."""
     draft = EarlyExit(target, exit_layer)
-    seconds = time_loop_calls(target, draft, prompts[0], K, rounds)
+    seconds = time_loop_calls(target, draft, splits["test"][0][0], K, rounds)
     work = verification_work(target.hparams["n_layer"], exit_layer, K, seconds)
-    total = greedy_acceptance(target, draft, prompts, expected, K, N, f"exit layer {exit_layer}")
-    alpha, c, v = total.acceptance_rate, seconds["draft_step"] / seconds["decode_step"], work["decode_steps"]["reused"]
-    return {"exit_layer": exit_layer, "alpha": alpha, "tokens_per_target_call": total.tokens_per_target_call,
-            "decode_step_ms": 1000 * seconds["decode_step"], "c": c, "v_K_plus_1": v,
-            "v_K_plus_1_recomputed": work["decode_steps"]["recomputed"], "expected_speedup": expected_speedup(
-                alpha, c, K, v), "verification": work}
+    c, v = seconds["draft_step"] / seconds["decode_step"], work["decode_steps"]["reused"]
+    by_split = {}
+    for split, (prompts, expected) in splits.items():
+        total = greedy_acceptance(target, draft, prompts, expected, K, N, f"exit layer {exit_layer}, {split}")
+        by_split[split] = {"exit_layer": exit_layer, "split": split, "alpha": total.acceptance_rate,
+                           "tokens_per_target_call": total.tokens_per_target_call,
+                           "expected_speedup": expected_speedup(total.acceptance_rate, c, K, v)}
+    return {**by_split["test"], "decode_step_ms": 1000 * seconds["decode_step"], "c": c, "v_K_plus_1": v,
+            "v_K_plus_1_recomputed": work["decode_steps"]["recomputed"], "verification": work}, by_split["dev"]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    require_heldout(args.heldout)
-    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    splits = {split: spec_splits.bench_prompts(args, split) for split in spec_splits.SPLITS}
+    _, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     target = engine.fast_model(params, hparams)
-    tokens = held_out_tokens(encoder, args.heldout)
-    prompts, expected = greedy_prompts(target, tokens, args.n_prompts, args.prompt_tokens, args.n_tokens)
-    rows = [measure_exit(target, layer, prompts, expected, args.K, args.n_tokens, args.rounds)
-            for layer in args.exit_layers]
+    runs = {split: (prompts, greedy_references(target, prompts, args.n_tokens))
+            for split, (prompts, _) in splits.items()}
+    rows, on_dev = zip(*(measure_exit(target, layer, runs, args.K, args.n_tokens, args.rounds)
+                         for layer in args.exit_layers))
+    chosen = max(on_dev, key=lambda row: row["expected_speedup"])["exit_layer"]
     print(json.dumps({"machine": machine_line(), "target": args.target, "n_layer": target.hparams["n_layer"], "K": args.K,
-                      "heldout": args.heldout, "n_prompts": args.n_prompts, "prompt_tokens": args.prompt_tokens,
-                      "n_tokens": args.n_tokens, "rounds": args.rounds, "temperature": 0, "by_exit_layer": rows}))
+                      "prompts": {split: record for split, (_, record) in splits.items()}, "n_prompts": args.n_prompts,
+                      "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "rounds": args.rounds,
+                      "temperature": 0, "chosen_exit_layer": chosen,
+                      "choice": {"split": "dev", "rule": "the highest expected speedup", "by_exit_layer": on_dev},
+                      "split": "test", "by_exit_layer": rows}))
 
 
 if __name__ == "__main__":

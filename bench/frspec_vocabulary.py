@@ -2,16 +2,20 @@
 target: for each size, the draft step's cost c, the share of the target's greedy next tokens inside the vocabulary,
 alpha at temperature 0 (chain, K 4) and Leviathan et al.'s expected speedup at the measured c and v(K + 1).
 
-    python bench/frspec_vocabulary.py --heldout build/corpus/heldout.txt [--sizes 4096,2048,1024,512]
+    python bench/frspec_vocabulary.py [--sizes 4096,2048,1024,512]
 
 Each vocabulary is the size ids most frequent in the training split (--tokens, as tools/train_heads.py caches it);
 the full vocabulary is measured twice: EagleTree itself (the target's unembedding, in the target's layout) and
-ReducedVocabularyEagle over all 4,096 ids (what slicing and spreading the logits cost at no reduction). The texts are
-the held-out split's first --n_docs documents (read at run time): the coverage is over every position of them, read
-by the target in windows; the prompts are --n_prompts evenly spaced stretches, and every speculative run's tokens
-must equal autoregressive decoding's. c is measured by speedup/costs.measure_costs, --repeats times per drafter,
-the drafters interleaved (the order rotating from repeat to repeat): medians and ranges. One thread by default, so
-that a busy neighbour on the other core does not stall the products. Prints one JSON object.
+ReducedVocabularyEagle over all 4,096 ids (what slicing and spreading the logits cost at no reduction). The size is
+chosen on one split of the held-out text and judged on another (bench/spec_splits.py): "chosen" is the vocabulary of
+the highest expected speedup at its alpha on --n_prompts open prompts of the development split ("choice", split dev);
+every row is measured on the test split (split test): alpha on as many of its open prompts, the coverage over every
+position of --coverage_prompts of them (their first --prompt_tokens tokens, each read by the target in one call).
+Every speculative run's tokens must equal autoregressive decoding's. c and v, the costs of calls of the same shapes
+whatever their tokens, are timed on the first test prompt and price both splits' alphas. c is measured by
+speedup/costs.measure_costs, --repeats times per drafter, the drafters interleaved (the order rotating from repeat
+to repeat): medians and ranges. One thread by default, so that a busy neighbour on the other core does not stall the
+products. Prints one JSON object.
 """
 
 import argparse
@@ -19,15 +23,15 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
 import engine
 import sampling
 import utils
+from bench import spec_splits
 from bench.features import spread
-from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_prompts, require_heldout
+from bench.heldout import add_greedy_run_arguments, greedy_acceptance, greedy_references
 from bench.machine import machine_line
 from drafters.eagle2 import EagleTree
 from drafters.frspec import ReducedVocabularyEagle, coverage, draft_vocabulary
@@ -46,11 +50,10 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--head", default="models/teach-eagle", help="the trained EAGLE head's folder")
     parser.add_argument("--tokens", default=TOKENS, help="the training split's token ids, a .npy array")
-    parser.add_argument("--heldout", default="build/corpus/heldout.txt")
     parser.add_argument("--sizes", default="4096,2048,1024,512")
-    parser.add_argument("--n_docs", type=int, default=8)
-    parser.add_argument("--max_tokens", type=int, default=4096, help="of the documents, for the coverage")
+    parser.add_argument("--coverage_prompts", type=int, default=64, help="test prompts the coverage is over")
     add_greedy_run_arguments(parser)
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -58,17 +61,11 @@ def parse_args(argv=None):
     return args
 
 
-def first_documents(encoder, path, n_docs, max_tokens):  # -> the tokens of the first n_docs documents, at most max
-    documents = Path(path).read_text(encoding="utf-8").split("<|endoftext|>")[:n_docs]
-    return np.asarray(encoder.encode("\n".join(documents)), dtype=np.int64)[:max_tokens]
-
-
-def greedy_next_tokens(target, tokens):  # -> the target's argmax after every position, read in windows of n_ctx
+def greedy_next_tokens(target, prompts):  # -> the target's argmax after every position of every prompt, [tokens]
     chosen = []
-    for start in range(0, len(tokens), target.n_ctx):
+    for prompt in prompts:
         target.reset()
-        window = tokens[start:start + target.n_ctx]
-        chosen.append(target.logits(window, len(window)).argmax(axis=-1))
+        chosen.append(target.logits(prompt, len(prompt)).argmax(axis=-1))
     target.reset()
     return np.concatenate(chosen)
 
@@ -100,9 +97,9 @@ def measure(target, drafters, prompt, K, repeats):  # -> {name: {"c", "v", "read
 
 def main(argv=None):
     args = parse_args(argv)
-    require_heldout(args.heldout)
+    splits = {split: spec_splits.bench_prompts(args, split) for split in spec_splits.SPLITS}
     THREADS.set(args.threads)
-    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    _, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     target = engine.fast_model(params, hparams)
     head, info = load_head(args.head, drafter="eagle")
     counts = training_counts(args.tokens, hparams["n_vocab"])
@@ -110,35 +107,47 @@ def main(argv=None):
     drafters = {"full": EagleTree(target, head, N_NODES),
                 **{size: ReducedVocabularyEagle(target, head, N_NODES, ids) for size, ids in vocabularies.items()}}
 
-    tokens = first_documents(encoder, args.heldout, args.n_docs, args.max_tokens)
-    greedy_counts = np.bincount(greedy_next_tokens(target, tokens), minlength=hparams["n_vocab"])
+    coverage_args = argparse.Namespace(**{**vars(args), "n_prompts": args.coverage_prompts})
+    texts, coverage_record = spec_splits.bench_prompts(coverage_args, "test")
+    tokens = np.concatenate(texts)
+    greedy_counts = np.bincount(greedy_next_tokens(target, texts), minlength=hparams["n_vocab"])
     text_counts = np.bincount(tokens, minlength=hparams["n_vocab"])
-    prompts, expected = greedy_prompts(target, tokens, args.n_prompts, args.prompt_tokens, args.n_tokens)
+    runs = {split: (prompts, greedy_references(target, prompts, args.n_tokens))
+            for split, (prompts, _) in splits.items()}
 
     load_before = os.getloadavg()
-    measured = measure(target, drafters, prompts[0], args.K, args.repeats)
+    measured = measure(target, drafters, runs["test"][0][0], args.K, args.repeats)
     v = statistics.median(value for name in drafters for value in measured[name]["v"])  # the target's, pooled
-    rows = []
+    rows, on_dev = [], []
     for name, drafter in drafters.items():
         ids = vocabularies.get(name, np.arange(hparams["n_vocab"]))
-        stats = greedy_acceptance(target, drafter, prompts, expected, args.K, args.n_tokens, f"vocabulary {name}")
         c = statistics.median(measured[name]["c"])
-        rows.append({"drafter": type(drafter).__name__, "size": len(ids),
-                     "training_coverage": coverage(counts, ids), "greedy_next_token_coverage": coverage(
-                         greedy_counts, ids), "heldout_text_coverage": coverage(text_counts, ids),
-                     **{key: spread(values) for key, values in measured[name].items() if key != "v"},
-                     "alpha": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,
-                     "expected_speedup": expected_speedup(stats.acceptance_rate, c, args.K, v)})
+        alphas = {}
+        for split, (prompts, expected) in runs.items():
+            stats = greedy_acceptance(target, drafter, prompts, expected, args.K, args.n_tokens,
+                                      f"vocabulary {name}, {split}")
+            alphas[split] = {"drafter": type(drafter).__name__, "size": len(ids), "split": split,
+                             "alpha": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,
+                             "expected_speedup": expected_speedup(stats.acceptance_rate, c, args.K, v)}
+        on_dev.append(alphas["dev"])
+        rows.append({**alphas["test"], "training_coverage": coverage(counts, ids),
+                     "greedy_next_token_coverage": coverage(greedy_counts, ids),
+                     "heldout_text_coverage": coverage(text_counts, ids),
+                     **{key: spread(values) for key, values in measured[name].items() if key != "v"}})
+    chosen = max(on_dev, key=lambda row: row["expected_speedup"])
     training = info["training"]
     print(json.dumps({
         "machine": machine_line(), "load_average_1min": [load_before[0], os.getloadavg()[0]],
         "target": args.target, "unembedding_laid_out": target.unembedding is not None, "threads": args.threads,
         "head": {"folder": args.head, "steps_done": training["steps_done"], "steps": training["recipe"]["steps"],
                  "last_eval": training["evals"][-1] if training["evals"] else None},
-        "heldout": {"n_docs": args.n_docs, "tokens": len(tokens)}, "training_tokens": int(counts.sum()),
+        "prompts": {split: record for split, (_, record) in splits.items()},
+        "coverage_prompts": {**coverage_record, "tokens": len(tokens)}, "training_tokens": int(counts.sum()),
         "K": args.K, f"v_{args.K + 1}": v, "temperature": 0, "n_prompts": args.n_prompts,
         "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "repeats": args.repeats,
-        "by_vocabulary": rows}, indent=1))
+        "chosen": {"drafter": chosen["drafter"], "size": chosen["size"]},
+        "choice": {"split": "dev", "rule": "the highest expected speedup", "by_vocabulary": on_dev},
+        "split": "test", "by_vocabulary": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The held-out text the benchmarks draw their prompts from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
-never committed); tests/fixtures/heldout_sample.txt is a small sample of it. Greedy runs on evenly spaced prompts of it,
-checked against autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/frspec_vocabulary.py).
+"""The held-out text the benchmarks' prompts are cut from: tools/build_corpus.py builds it (build/corpus/heldout.txt,
+never committed); tests/fixtures/heldout_sample.txt is a small sample of it. bench/spec_splits.py cuts the committed
+prompts of its development and test splits with the rules below; greedy runs on those prompts, checked against
+autoregressive decoding, for the drafter benchmarks (bench/early_exit.py, bench/frspec_vocabulary.py).
 """
 
 import ast
@@ -10,9 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-import engine
 import sampling
-import utils
 from speedup.stats import SpeculativeStats
 
 
@@ -29,29 +28,10 @@ def held_out_tokens(encoder, path):
     return np.asarray(encoder.encode(text.replace("<|endoftext|>", "\n")), dtype=np.int64)
 
 
-def held_out_prompts(encoder, path, n_prompts, prompt_tokens):  # -> n_prompts windows of prompt_tokens tokens
-    """Windows evenly spaced over the held-out text, so that the prompts sample all of it."""
-    return open_prompts(held_out_tokens(encoder, path), n_prompts, prompt_tokens)
-
-
-def target_and_prompts(args):  # -> (the target in engine.fast_model's layout, held_out_prompts' windows)
-    """What a benchmark on held-out prompts reads from its flags: --models_dir, --target, --heldout (exit status 2
-    where it is missing), --n_prompts and --prompt_tokens."""
-    require_heldout(args.heldout)
-    encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-    prompts = held_out_prompts(encoder, args.heldout, args.n_prompts, args.prompt_tokens)
-    return engine.fast_model(params, hparams), prompts
-
-
 # Prompts of three kinds for bench/spec_bench.py (bench/spec_splits.py cuts them), all from the held-out text (never
 # from what the pair trained on)
 
-def open_prompts(tokens, n, prompt_tokens):
-    """n windows of prompt_tokens tokens spread evenly over the held-out tokens (bench/pair.py's): text to continue."""
-    return [tokens[start:start + prompt_tokens] for start in open_starts(len(tokens), n, prompt_tokens)]
-
-
-def open_starts(n_tokens, n, prompt_tokens):  # -> where open_prompts' n windows start
+def open_starts(n_tokens, n, prompt_tokens):  # -> where n windows of text to continue start, spread evenly
     stride = (n_tokens - prompt_tokens - 1) // n
     if stride < 1:
         raise ValueError(f"the held-out text is too short for {n} prompts of {prompt_tokens} tokens")
@@ -132,20 +112,19 @@ def spread(items, n):  # -> n of the items (all of them where there are fewer), 
     return [items[i * len(items) // n] for i in range(n)] if n < len(items) else list(items)
 
 
-def add_greedy_run_arguments(parser):  # the flags of greedy_prompts and greedy_acceptance
+def add_greedy_run_arguments(parser):  # the flags of greedy_acceptance's runs and of the prompts they read
     parser.add_argument("--K", type=int, default=4)
-    parser.add_argument("--n_prompts", type=int, default=4)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--n_prompts", type=int, default=4, help="open prompts of each split read")
+    parser.add_argument("--prompt_tokens", type=int, default=64, help="the first tokens of each prompt kept")
     parser.add_argument("--n_tokens", type=int, default=48)
 
 
-def greedy_prompts(target, tokens, n_prompts, prompt_tokens, N):  # -> prompts, the target's greedy tokens after each
-    """n_prompts evenly spaced stretches of tokens, and autoregressive decoding's N tokens after each (x and them)."""
-    prompts, expected = open_prompts(tokens, n_prompts, prompt_tokens), []
+def greedy_references(target, prompts, N):  # -> autoregressive decoding's N greedy tokens after each prompt (x, them)
+    expected = []
     for prompt in prompts:
         target.reset()
         expected.append(sampling.autoregressive_sampling(prompt, target, N, 0, temperature=0))
-    return prompts, expected
+    return expected
 
 
 def greedy_acceptance(target, draft, prompts, expected, K, N, name):  # -> SpeculativeStats over every prompt

@@ -7,6 +7,11 @@ eagle-tree (EAGLE's head drafting a chain; EAGLE-2's dynamic tree), eagle3-chain
 same two ways), medusa-chain and medusa-tree (Medusa's heads; their sparse tree), early-exit (the target's first
 layers, untrained) and kangaroo (that exit with its trained adapter). A drafter whose head is not in --models_dir
 (tools/train_heads.py writes them) is left out, the reason in "skipped".
+A tree is judged two ways (a row's tree_rule): eagle-tree, eagle3-tree and medusa-tree choose their nodes, each judged
+by the one-hot rule; eagle-sampled-tree and medusa-sampled-tree draw three drafts from the same head's p, independently
+(SpecInfer; RSD's distinct first tokens would make EAGLE's second draft read a feature the target has not computed),
+merged into one tree and judged against that p by recursive rejection (verifiers/tree.py, drafts="sampled"). At
+temperature 0 p is one-hot and the three drafts one chain: the sampled trees have rows at temperatures above 0 only.
 
 Prompts: bench/prompts/dev.json and test.json (bench/spec_splits.py cuts them from the held-out text, each held-out
 document in one split by a hash of its name), per split and category: open (windows spread evenly: text to
@@ -74,14 +79,15 @@ from speedup import costs, drafts
 from speedup.stats import SpeculativeStats
 from verifiers.tree import tree_speculative_sampling
 
-DRAFTERS = ("draft", "prompt-lookup", "eagle-chain", "eagle-tree", "eagle3-chain", "eagle3-tree", "medusa-chain",
-            "medusa-tree", "early-exit", "kangaroo")
+DRAFTERS = ("draft", "prompt-lookup", "eagle-chain", "eagle-tree", "eagle-sampled-tree", "eagle3-chain",
+            "eagle3-tree", "medusa-chain", "medusa-tree", "medusa-sampled-tree", "early-exit", "kangaroo")
 K4_CHAINS, K4_TREES = ("draft", "eagle-chain", "eagle3-chain"), ("eagle-tree", "eagle3-tree")  # at_K4's drafters
 CATEGORIES = spec_splits.CATEGORIES
 CHAIN_KS = tuple(range(1, 9))  # a chain is calibrated at each of these K, each with its own runs
 EAGLE_TREES = ((2, 4), (4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small, a CPU prices n nodes as a chain of n
 MEDUSA_TREE_NODES = (4, 8, 12)  # Medusa's depth is its number of heads
-CHILDREN = 3  # a tree's n_drafts: the children a node may get
+CHILDREN = 3  # a tree's n_drafts: the children a node may get; a sampled tree's drafts
+SAMPLED_TREE_DEPTHS = (1, 2, 4)  # a sampled tree of CHILDREN drafts of K tokens: at most 3, 6 and 12 nodes
 K4_TREE_NODES = (DEFAULT_N_NODES, 16, 32)  # at_K4's tree budgets: the CLI's default, then an accelerator's sizes
 QUICK = {"prompts": 1, "new_tokens": 8, "repeats": 1, "k4_prompts": 1}
 # 8 prompts x 3 rounds per timed cell; at_K4 counts tokens, not time: enough prompts that the bars' α, a few
@@ -95,7 +101,7 @@ def parse_args(argv=None):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="the draft model's folder (drafter 'draft')")
-    parser.add_argument("--prompts_dir", default=str(spec_splits.PROMPTS_DIR), help="dev.json and test.json")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--prompts", type=int, help=f"prompts per category, on each split (default {FULL['prompts']})")
     parser.add_argument("--new_tokens", type=int, help=f"tokens generated per run (default {FULL['new_tokens']})")
     parser.add_argument("--repeats", type=int, help=f"measured rounds (default {FULL['repeats']})")
@@ -129,12 +135,12 @@ def parse_args(argv=None):
 
 
 class Drafter:
-    """A drafter as the benchmark runs it: its name, the model, and the (K, n_nodes) its calibration tries (a chain:
-    n_nodes None)."""
+    """A drafter as the benchmark runs it: its name, the model, the (K, n_nodes) its calibration tries (n_nodes None
+    but for a tree the drafter grows), and how verifiers/tree.py grows its tree (`drafts`: None for a chain)."""
 
-    def __init__(self, name, model, choices):
-        self.name, self.model, self.choices = name, model, tuple(choices)
-        self.is_tree = self.choices[0][1] is not None
+    def __init__(self, name, model, choices, drafts=None):
+        self.name, self.model, self.choices, self.drafts = name, model, tuple(choices), drafts
+        self.tree_rule = {None: None, "dynamic": "one-hot", "sampled": "sampled"}[drafts]  # how its nodes are judged
 
 
 def build_drafter(name, target, draft_model, args):  # -> Drafter, or a ValueError saying why it cannot be built
@@ -146,9 +152,14 @@ def build_drafter(name, target, draft_model, args):  # -> Drafter, or a ValueErr
     model = load_drafter(name if name == "early-exit" else name.split("-")[0], target, args.models_dir,
                          confidence_threshold=args.confidence_threshold)
     if name in ("eagle-tree", "eagle3-tree"):  # EAGLE-3 grows EAGLE-2's tree
-        return Drafter(name, model, EAGLE_TREES[:1] if args.quick else EAGLE_TREES)
+        return Drafter(name, model, EAGLE_TREES[:1] if args.quick else EAGLE_TREES, "dynamic")
     if name == "medusa-tree":
-        return Drafter(name, model, [(model.n_heads, n) for n in MEDUSA_TREE_NODES[:1 if args.quick else None]])
+        return Drafter(name, model, [(model.n_heads, n) for n in MEDUSA_TREE_NODES[:1 if args.quick else None]],
+                       "dynamic")
+    if name == "eagle-sampled-tree":
+        return Drafter(name, model, [(K, None) for K in SAMPLED_TREE_DEPTHS[:1 if args.quick else None]], "sampled")
+    if name == "medusa-sampled-tree":
+        return Drafter(name, model, [(model.n_heads, None)], "sampled")
     return Drafter(name, model, [(model.n_heads, None)] if name == "medusa-chain" else chain)
 
 
@@ -178,19 +189,20 @@ def run(target, drafter, choice, prompt, N, temperature, seed):  # -> (tokens, s
     model = drafter.model if drafter else None
     if model is not None:
         model.reset()
-        if drafter.is_tree:
+        if drafter.drafts == "dynamic":
             model.n_nodes = choice[1]
     feed_prompt(target, model, prompt)
     stats, recorded, K = SpeculativeStats(), Recorded(model), choice[0]
     start = time.perf_counter()
     if drafter is None:
         out = sampling.autoregressive_sampling(prompt, target, N, seed, temperature=temperature, stats=stats)
-    elif drafter.is_tree:
-        out = tree_speculative_sampling(prompt, recorded, target, N, K, seed, n_drafts=CHILDREN, drafts="dynamic",
-                                        temperature=temperature, stats=stats)
+    elif drafter.drafts:  # a sampled tree's drafts independent (SpecInfer): each drawn from x, whose features exist
+        out = tree_speculative_sampling(prompt, recorded, target, N, K, seed, n_drafts=CHILDREN, drafts=drafter.drafts,
+                                        replacement=True, temperature=temperature, stats=stats)
     else:
         out = sampling.speculative_sampling(prompt, recorded, target, N, K, seed, temperature=temperature, stats=stats)
-    return out, time.perf_counter() - start, stats, recorded.loops(out)
+    seconds = time.perf_counter() - start
+    return out, seconds, stats, recorded.loops(stats.origins) if drafter else []  # plain decoding has no loops
 
 
 def rotated(items, shift):
@@ -259,8 +271,8 @@ def row(drafter, category, temperature, calibrated, runs, speedups, same, decode
     loops, kept = loops_of(runs), calibrated["kept"]
     c, steps, verify = formula_terms(runs, decode_seconds)
     return {"drafter": drafter.name, "category": category, "temperature": int(temperature) if temperature.is_integer()
-            else temperature, "K": kept["K"], "n_nodes": kept["n_nodes"], "c": c, "split": "test",
-            "prompts": len(runs) // rounds, "rounds": rounds,
+            else temperature, "K": kept["K"], "n_nodes": kept["n_nodes"], "tree_rule": drafter.tree_rule, "c": c,
+            "split": "test", "prompts": len(runs) // rounds, "rounds": rounds,
             "alpha": alpha(runs), "alpha_per_depth": alpha_per_depth(loops),
             "acceptance_by_depth": acceptance_by_depth(loops), "accepted_length_counts": accepted_length_counts(loops),
             "tokens_per_call": total(runs, "generated") / total(runs, "target_calls"),
@@ -275,6 +287,8 @@ def row(drafter, category, temperature, calibrated, runs, speedups, same, decode
 
 def bench_category(drafters, category, prompts, target, args, temperature, measured):  # -> rows
     """Calibrated on the category's development prompts, timed on its test prompts."""
+    # at temperature 0 p is one-hot: a sampled tree's drafts would all be one chain
+    drafters = [drafter for drafter in drafters if drafter.drafts != "sampled" or temperature > 0]
     calibrated = calibrate(drafters, prompts["dev"], target, args.new_tokens, temperature)
     choices = {name: (entry["kept"]["K"], entry["kept"]["n_nodes"]) for name, entry in calibrated.items()}
     runs, reference_runs, speedups, same = measure(drafters, choices, prompts["test"], target, args, temperature)
@@ -334,9 +348,7 @@ def chosen_prompts(files, args, n_ctx, vocabulary):  # -> {(split, use): {catego
     prompts, record = {}, {}
     for (split, use), n in uses.items():
         content = files[split]
-        if content["settings"]["vocabulary_sha256"] != vocabulary:
-            raise ValueError(f"{split}.json was cut with another vocabulary than {args.target}'s: rerun "
-                             "python bench/spec_splits.py")
+        spec_splits.check_vocabulary(content, vocabulary, args.target)
         picked = {category: spread(content["categories"][category], n) for category in args.categories}
         longest = max(len(prompt["tokens"]) for chosen in picked.values() for prompt in chosen)
         if longest + args.new_tokens > n_ctx:
@@ -355,7 +367,7 @@ def main(argv=None):
     try:
         files = {split: spec_splits.load(split, args.prompts_dir) for split in spec_splits.SPLITS}
         _, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
-        vocabulary = spec_splits.sha256_of(Path(args.models_dir) / args.target / "encoder.json")
+        vocabulary = spec_splits.target_vocabulary(args.models_dir, args.target)
         prompts, prompt_record = chosen_prompts(files, args, hparams["n_ctx"], vocabulary)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

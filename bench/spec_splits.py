@@ -1,5 +1,7 @@
-"""The held-out text's development and test splits for bench/spec_bench.py: recipes, K and tree sizes are chosen on
-the development split (dev), speed and acceptance are reported on the test split (test), which nothing is chosen on.
+"""The held-out text's development and test splits, the prompts every benchmark on held-out text reads: what a bench
+chooses (spec_bench's recipes, K and tree sizes; pair.py's best K; early_exit.py's exit layer; frspec_vocabulary.py's
+vocabulary size) is chosen on the development split (dev), and what it reports is measured on the test split (test),
+which nothing is chosen on. A bench that chooses nothing reads test alone.
 
 Each held-out document (build/corpus/heldout.txt, its documents named in the manifest.json beside it) goes to one
 split by a hash of its name (split_of): about half to each, and the same split in every build that holds it. Each
@@ -49,6 +51,10 @@ def named_documents(heldout_path, manifest_path):  # -> [(name, text)] in the he
     return list(zip(names, texts))
 
 
+def of_split(documents, split):  # -> the (name, text) of these documents that split_of puts in split
+    return [(name, text) for name, text in documents if split_of(name) == split]
+
+
 def document_tokens(encoder, documents):  # -> (tokens, index of the document each token comes from)
     """Each document encoded on its own, so that no token spans two; a line break between documents (its own,
     bench/heldout.held_out_tokens' stand-in for the separator)."""
@@ -84,7 +90,7 @@ def split_files(encoder, documents, settings, command, source):  # -> {split: th
     """Both splits' files: the documents of each (split_of) and the prompts cut from them."""
     files = {}
     for split in SPLITS:
-        mine = [(name, text) for name, text in documents if split_of(name) == split]
+        mine = of_split(documents, split)
         files[split] = {"split": split, "rule": RULE, "command": command, "heldout": source, "settings": settings,
                         "documents": [name for name, _ in mine],
                         "categories": cut(encoder, mine, settings["per_category"], settings["prompt_tokens"],
@@ -107,6 +113,48 @@ def load(split, prompts_dir=PROMPTS_DIR):  # -> the committed file of that split
     if content.get("split") != split:
         raise ValueError(f"{path} holds the {content.get('split')!r} split, not {split!r}")
     return content
+
+
+def add_prompts_dir_argument(parser):  # the flag of every bench that reads the splits
+    parser.add_argument("--prompts_dir", default=str(PROMPTS_DIR), help="dev.json and test.json (bench/spec_splits.py)")
+
+
+def check_vocabulary(content, vocabulary, target):  # a file cut with another vocabulary than the target's is refused
+    if content["settings"]["vocabulary_sha256"] != vocabulary:
+        raise ValueError(f"{content['split']}.json was cut with another vocabulary than {target}'s: rerun "
+                         "python bench/spec_splits.py")
+
+
+def target_vocabulary(models_dir, target):  # -> the sha256 of the target's vocabulary, as the files record theirs
+    return sha256_of(Path(models_dir) / target / "encoder.json")
+
+
+def open_prompts(split, n, prompt_tokens, models_dir, target, prompts_dir=PROMPTS_DIR):  # -> (prompts, their record)
+    """n of the split's open prompts (held-out text to continue), spread over the file's, each cut to its first
+    prompt_tokens tokens (None: whole): what the benches other than spec_bench read. The record (the JSON's
+    "prompts" entry) names the split, the file's sha256, the ids read and the tokens kept of each."""
+    content = load(split, prompts_dir)
+    check_vocabulary(content, target_vocabulary(models_dir, target), target)
+    longest, available = content["settings"]["prompt_tokens"], content["categories"]["open"]
+    prompt_tokens = longest if prompt_tokens is None else prompt_tokens
+    if not 1 <= prompt_tokens <= longest:
+        raise ValueError(f"the {split} prompts hold {longest} tokens each: asked for {prompt_tokens}")
+    if not 1 <= n <= len(available):
+        raise ValueError(f"the {split} split holds {len(available)} open prompts: asked for {n}")
+    chosen = heldout.spread(available, n)
+    record = {"split": split, "sha256": sha256_of(Path(prompts_dir) / f"{split}.json"), "category": "open",
+              "ids": [prompt["id"] for prompt in chosen], "prompt_tokens": prompt_tokens}
+    return [np.asarray(prompt["tokens"][:prompt_tokens], dtype=np.int64) for prompt in chosen], record
+
+
+def bench_prompts(args, split):  # -> open_prompts' (prompts, record) from a bench's flags, or exit status 2
+    """What a bench reads of a split from its flags (--n_prompts, --prompt_tokens, --models_dir, --target,
+    --prompts_dir): a file it cannot use is a one-line error and exit status 2."""
+    try:
+        return open_prompts(split, args.n_prompts, args.prompt_tokens, args.models_dir, args.target, args.prompts_dir)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def sha256_of(path):

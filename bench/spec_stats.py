@@ -1,6 +1,6 @@
 """What bench/spec_bench.py reports of a set of runs: each run is (tokens, seconds, SpeculativeStats, loops), a loop
 (accepted, judged, drafted) as Recorded reads it back: the drafts it accepted, the depth down to which the target
-judged them, the drafts it proposed.
+judged them, the nodes of the tree (a chain's drafts) it proposed.
 
 Mean accepted tokens per target call comes in two conventions, both reported, each under its name:
 - Spec-Bench's (Xia et al. 2024) mean accepted tokens: tokens generated per target call, counting the token the
@@ -17,16 +17,16 @@ import sampling
 from verifiers.tree import TokenTree
 
 
-def chain_tree(drafts_drawn):  # a chain of drafts as a one-path TokenTree, so chains and trees are replayed alike
-    tree, node = TokenTree(), -1
+def add_chain(tree, drafts_drawn):  # a chain of drafts into a TokenTree, sharing the nodes of the prefix it shares
+    node = -1
     for token in drafts_drawn:
         node = tree.add_choice(node, token)
     return tree
 
 
 class Recorded:
-    """A drafter that keeps, for each loop, where the loop started and what it proposed, so that the output can be
-    replayed through it: how many drafts each loop accepted and at which depth it judged one."""
+    """A drafter that keeps the tree each loop proposed (a chain as a one-path tree; the drafts of a sampled tree,
+    proposed from the same x, merged into one), so that each loop's accepted, judged and drafted can be read back."""
 
     def __init__(self, model):
         self.model, self.proposals = model, []
@@ -36,7 +36,10 @@ class Recorded:
 
     def propose(self, x, K, settings, rng, stats):  # sampling.draw_drafts' contract
         proposed, p = sampling.draw_drafts(self.model, x, K, settings, rng, stats)
-        self.proposals.append((len(x), chain_tree(proposed)))
+        if self.proposals and self.proposals[-1][0] == len(x):  # another draft of this loop: x only grows by loops
+            add_chain(self.proposals[-1][1], proposed)
+        else:
+            self.proposals.append((len(x), add_chain(TokenTree(), proposed)))
         return proposed, p
 
     def draft_tree(self, x, K, n_drafts, settings, stats):  # verifiers/tree.py's drafts="dynamic"
@@ -44,18 +47,18 @@ class Recorded:
         self.proposals.append((len(x), tree))
         return tree
 
-    def loops(self, out):  # -> [(accepted, judged, drafted)], one per loop
-        """Down each loop's tree along the tokens that followed it: the nodes matched were accepted (a correction
-        never equals a rejected candidate, whose q' was zeroed); judged adds the next depth when the last node
-        matched has children."""
-        rows = []
-        for start, tree in self.proposals:
-            node, accepted = -1, 0
-            for token in out[start:]:
-                if (node, int(token)) not in tree.index:
-                    break
-                node, accepted = tree.index[node, int(token)], accepted + 1
-            rows.append((accepted, accepted + bool(tree.candidates[node]), len(tree.tokens)))
+    def loops(self, origins):  # -> [(accepted, judged, drafted)], one per loop, from a run's stats.origins
+        """A loop's tokens are its accepted drafts, then one token that ends it (origins' "corrected" where a draft
+        was judged and refused: judged is accepted + 1; "bonus" or "target" where none was refused). Read from the
+        decoder's own record, not replayed through the tree: a sampled candidate's token can come out of the
+        residual after its rejection. drafted: the nodes of the loop's tree."""
+        ends = [i for i, origin in enumerate(origins) if origin != "accepted"]
+        if len(ends) != len(self.proposals):
+            raise AssertionError(f"{len(ends)} loops decoded, {len(self.proposals)} proposed")
+        rows, start = [], 0
+        for end, (_, tree) in zip(ends, self.proposals):
+            rows.append((end - start, end - start + (origins[end] == "corrected"), len(tree.tokens)))
+            start = end + 1
         return rows
 
 

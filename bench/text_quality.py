@@ -3,16 +3,16 @@
 - Bits per byte, comparable across vocabularies: the total negative log-likelihood in nats of every token
   of the scored documents, / ln 2, / the documents' UTF-8 bytes. Each document is scored on its own,
   from <|endoftext|> (so its first token is predicted too), in consecutive windows of n_ctx tokens
-  (perplexity). Two sets: the held-out documents of the corpus (each cut to its first --doc_chars
-  characters), and Python source outside the corpus: NumPy's own modules (tests left out), which
-  tools/build_corpus.py never takes.
-- Distinct 4-grams: --n_prompts prompts of --prompt_tokens tokens, spread evenly over the held-out text
-  (as bench/pair.py picks them), each continued greedily (temperature 0) for --n_tokens tokens. For each
+  (perplexity). Two sets: the held-out documents of the corpus in the test split (bench/spec_splits.py's rule over
+  the names in the manifest.json beside --heldout; each cut to its first --doc_chars characters), and Python source
+  outside the corpus: NumPy's own modules (tests left out), which tools/build_corpus.py never takes.
+- Distinct 4-grams: --n_prompts open prompts of the held-out text's test split (bench/prompts/test.json,
+  bench/spec_splits.py; their first --prompt_tokens tokens; the bench chooses nothing, so it reads no development
+  prompt), each continued greedily (temperature 0) for --n_tokens tokens. For each
   continuation, distinct 4-grams / all 4-grams; `distinct_4grams` is their mean, `distinct_4grams_pooled`
   counts over all continuations together. Loops score low: a 4-token loop gives 4 distinct of 93.
 
     python bench/text_quality.py                     # the committed pair, held-out text from build/corpus
-    python bench/text_quality.py --heldout tests/fixtures/heldout_sample.txt --n_prompts 2
 
 Prints one JSON object as its last line.
 """
@@ -20,6 +20,7 @@ Prints one JSON object as its last line.
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +30,8 @@ import engine
 import gpt2
 import sampling
 import utils
+from bench import spec_splits
 from bench.heldout import require_heldout
-from encoder import EOT
 
 
 def perplexity(tokens, params, hparams):
@@ -67,9 +68,10 @@ def distinct_ngrams(tokens, n=4):
     return len(set(grams)), len(grams)
 
 
-def heldout_documents(path, doc_chars):
-    """The documents of a held-out corpus file, each cut to its first doc_chars characters."""
-    return [document[:doc_chars] for document in Path(path).read_text(encoding="utf-8").split(EOT) if document.strip()]
+def documents_of_test_split(heldout, manifest, doc_chars):
+    """The held-out documents of the test split, each cut to its first doc_chars characters."""
+    named = spec_splits.of_split(spec_splits.named_documents(heldout, manifest), "test")
+    return [text[:doc_chars] for _, text in named if text.strip()]
 
 
 def numpy_sources(n_files, doc_chars):
@@ -97,9 +99,11 @@ def parse_args(argv=None):
     parser.add_argument("--target", default="teach-target")
     parser.add_argument("--draft", default="teach-draft", help="scored too, for comparison ('' to skip)")
     parser.add_argument("--heldout", default="build/corpus/heldout.txt", help="held-out text (tools/build_corpus.py)")
+    parser.add_argument("--manifest", help="its manifest.json, naming the documents (default: beside --heldout)")
+    spec_splits.add_prompts_dir_argument(parser)
     for flag, default, meaning in (("--doc_chars", 2000, "characters scored per document"),
                                    ("--numpy_files", 40, "NumPy modules scored as unseen Python (0: none)"),
-                                   ("--n_prompts", 8, "held-out prompts continued greedily"),
+                                   ("--n_prompts", 8, "test prompts continued greedily"),
                                    ("--prompt_tokens", 32, "tokens in each prompt"),
                                    ("--n_tokens", 96, "greedy tokens per prompt"),
                                    ("--samples", 3, "continuations printed as text in the result")):
@@ -110,14 +114,20 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     require_heldout(args.heldout)
+    prompts, record = spec_splits.bench_prompts(args, "test")
+    try:
+        manifest = args.manifest or Path(args.heldout).with_name("manifest.json")
+        documents = documents_of_test_split(args.heldout, manifest, args.doc_chars)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2)
     started = time.perf_counter()
     encoder, hparams, params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     models = {"target": (hparams, params)}
     if args.draft:
         models["draft"] = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)[1:]
-    documents = heldout_documents(args.heldout, args.doc_chars)
     result = {"target": args.target, "draft": args.draft or None, "heldout": args.heldout,
-              "heldout_documents": len(documents), "doc_chars": args.doc_chars}
+              "heldout_split": "test", "heldout_documents": len(documents), "doc_chars": args.doc_chars}
     for role, (role_hparams, role_params) in models.items():
         bpb, n_bytes, n_tokens = bits_per_byte(documents, encoder, role_params, role_hparams)
         result.update({f"{role}_bits_per_byte": bpb, "heldout_bytes": n_bytes, "heldout_tokens": n_tokens})
@@ -127,14 +137,11 @@ def main(argv=None):
         result.update(target_bits_per_byte_numpy=bpb, numpy_bytes=n_bytes, numpy_version=np.__version__,
                       numpy_files=names)
 
-    text = Path(args.heldout).read_text(encoding="utf-8").replace(EOT, "\n")
-    tokens = np.asarray(encoder.encode(text))
-    stride = (len(tokens) - args.prompt_tokens) // args.n_prompts
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
     continuations = greedy_continuations(engine.fast_model(params, hparams), prompts, args.n_tokens)
     counts = [distinct_ngrams(c) for c in continuations]
     pooled = [tuple(c[i:i + 4]) for c in continuations for i in range(len(c) - 3)]
-    result.update(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens, n_tokens=args.n_tokens,
+    result.update(split="test", prompts=record, n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
+                  n_tokens=args.n_tokens,
                   distinct_4grams=float(np.mean([d / t for d, t in counts])),
                   distinct_4grams_pooled=len(set(pooled)) / len(pooled),
                   samples=[{"prompt": encoder.decode(p.tolist()), "continuation": encoder.decode(c)}

@@ -1,8 +1,10 @@
 """The verifiers beyond Algorithm 2 on the bundled pair: tokens per target call, alpha and wall-clock speedup.
 
-For each temperature, every prompt (a window of held-out text) and seed is decoded autoregressively once, then
-by every verifier at every K, from empty caches, back to back, so that a shared machine's drift touches them
-alike. Verifiers (names for --verifiers):
+For each temperature, every prompt and seed is decoded autoregressively once, then by every verifier at every K, from
+empty caches, back to back, so that a shared machine's drift touches them alike. The bench chooses nothing: its
+prompts are --n_prompts open prompts of the held-out text's test split (bench/prompts/test.json,
+bench/spec_splits.py; their first --prompt_tokens tokens), named in the JSON's "prompts" with their split.
+Verifiers (names for --verifiers):
 
 - token: Algorithm 2's token-by-token verification (sampling.speculative_sampling);
 - block: block verification (verifiers/block.py, Sun et al. 2024);
@@ -35,7 +37,7 @@ import engine
 import sampling
 import utils
 from bench.machine import blas_info, cpu_model
-from bench.heldout import held_out_tokens, require_heldout
+from bench import spec_splits
 from bench.pair import spread
 from speedup.stats import SpeculativeStats
 from verifiers.block import block_speculative_sampling
@@ -67,9 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--draft", default="teach-draft")
     parser.add_argument("--target", default="teach-target")
-    parser.add_argument("--heldout", default="build/corpus/heldout.txt",
-                        help="held-out text for the prompts (tools/build_corpus.py writes it; "
-                             "tests/fixtures/heldout_sample.txt is a sample of it)")
+    spec_splits.add_prompts_dir_argument(parser)
     parser.add_argument("--n_prompts", type=int, default=16)
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt (0, 1, ...)")
@@ -147,18 +147,14 @@ def gains(rows):
 
 def main(argv=None):
     args = parse_args(argv)
-    require_heldout(args.heldout)
-    encoder, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
+    prompts, record = spec_splits.bench_prompts(args, "test")
+    _, target_hparams, target_params = utils.load_encoder_hparams_and_params(args.target, args.models_dir)
     _, draft_hparams, draft_params = utils.load_encoder_hparams_and_params(args.draft, args.models_dir)
     target, draft = engine.fast_model(target_params, target_hparams), engine.fast_model(draft_params, draft_hparams)
-    tokens = held_out_tokens(encoder, args.heldout)
-    stride = (len(tokens) - args.prompt_tokens - 1) // args.n_prompts
-    if stride < 1:
-        raise SystemExit(f"{args.heldout} is too short for {args.n_prompts} prompts of {args.prompt_tokens} tokens")
-    prompts = [tokens[i * stride:i * stride + args.prompt_tokens] for i in range(args.n_prompts)]
     result = {"benchmark": "verifiers beyond Algorithm 2 on the bundled pair", "draft": args.draft,
-              "target": args.target, "heldout": args.heldout, "n_prompts": args.n_prompts, "seeds": args.seeds,
-              "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "rows": [], "gains": {}}
+              "target": args.target, "split": "test", "prompts": record, "n_prompts": args.n_prompts,
+              "seeds": args.seeds, "prompt_tokens": args.prompt_tokens, "n_tokens": args.n_tokens, "rows": [],
+              "gains": {}}
     for temperature in args.temperature:
         rows = measure(temperature, prompts, draft, target, args)
         for row in rows.values():

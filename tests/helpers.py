@@ -337,3 +337,18 @@ def assert_a_stopped_run_resumes_to(whole, monkeypatch, run, steps=4):
     assert info["training"]["steps_done"] == steps
     for name, array in flatten(whole).items():
         np.testing.assert_allclose(flatten(resumed)[name], array, atol=1e-6)
+
+
+# ---- the committed prompt splits the benches read --------------------------------------------------------------
+
+
+def split_prompts(split, n, prompt_tokens):  # -> [[token]]: n open prompts of bench/prompts/{split}.json, spread
+    """What a bench on the split reads, cut here from the committed file without the benches' loader: the open
+    prompts at i * 64 // n (bench/heldout.spread), their first prompt_tokens tokens."""
+    content = json.loads((REPO / "bench" / "prompts" / f"{split}.json").read_text())
+    available = content["categories"]["open"]
+    return [available[i * len(available) // n]["tokens"][:prompt_tokens] for i in range(n)]
+
+
+def as_lists(prompts):  # -> [[token]] of any sequences of token ids
+    return [np.asarray(prompt).tolist() for prompt in prompts]

@@ -1,7 +1,7 @@
 """The benchmarks still run and still measure what they claim, on tiny models (their speed is never tested:
 bench/ measures it). bench/decode.py's helpers are imported and checked against transformers;
 bench/speculative.py runs end to end on a tiny random pair, bench/pair.py and bench/batch.py on the bundled
-pair and the held-out sample, bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU,
+pair and the committed prompt splits, bench/gpu.py and bench/batch.py --backend jax in their --small modes on the CPU,
 and bench/train_step.py for two one-window steps of the bundled pair.
 """
 
@@ -18,9 +18,12 @@ import pytest
 
 import engine
 import gpt2
+import sampling
 from encoder import get_encoder_from_dir
 from engine import layouts
+from helpers import as_lists, split_prompts
 from speedup import costs
+from speedup.stats import expected_speedup
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(n_vocab=97, n_ctx=64, n_embd=32, n_head=4, n_layer=2)
@@ -149,15 +152,13 @@ def test_gpu_bench_smoke_run_on_the_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("temperature", [0, 1])
-def test_pair_bench_runs_on_the_held_out_sample(temperature):
-    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--n_prompts", "3", "--n_tokens", "16", "--K", "1,4,auto", "--perplexity_tokens", "200",
-               "--temperature", str(temperature), "--prompt_offset", str(temperature / 2)]
+def test_pair_bench_runs_on_the_committed_splits(temperature):
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--n_prompts", "3", "--n_tokens", "16",
+               "--K", "1,4,auto", "--perplexity_prompts", "2", "--temperature", str(temperature)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert [row["K"] for row in result["by_K"]] == [1, 4, "auto"] and result["temperature"] == temperature
-    assert result["prompt_offset"] == temperature / 2  # temperature 1 runs the second set of prompts
     for row in result["by_K"]:
         assert 0 <= row["acceptance_rate"] <= 1 and row["median_speedup"] > 0
         low, high = row["speedup_range"]["min"], row["speedup_range"]["max"]
@@ -168,25 +169,59 @@ def test_pair_bench_runs_on_the_held_out_sample(temperature):
         assert sum(row["accepted_length_counts"]) > 0
     auto = result["by_K"][-1]
     assert sum(auto["K_chosen_counts"].values()) > 0 and all(0 <= int(K) <= 12 for K in auto["K_chosen_counts"])
-    best = max(result["by_K"][:2], key=lambda row: row["median_speedup"])
-    assert (result["best_K"], result["best_median_speedup"]) == (best["K"], best["median_speedup"])
-    assert result["auto_over_best_fixed"] == pytest.approx(auto["median_speedup"] / best["median_speedup"])
+    # the best K is chosen on the development split (fixed K only), and reported by its row on the test split
+    calibration = result["calibration"]
+    assert calibration["split"] == "dev" and [row["K"] for row in calibration["by_K"]] == [1, 4]
+    assert {row["split"] for row in calibration["by_K"]} == {"dev"} and {row["split"] for row in result["by_K"]} == {
+        "test"} == {result["split"]}
+    best = max(calibration["by_K"], key=lambda row: row["median_speedup"])
+    on_test = next(row for row in result["by_K"] if row["K"] == best["K"])
+    assert (result["best_K"], result["best_median_speedup"]) == (best["K"], on_test["median_speedup"])
+    assert result["auto_over_best_fixed"] == pytest.approx(auto["median_speedup"] / on_test["median_speedup"])
     assert len(result["costs"]["verify_steps"]) == 16 and result["costs"]["cost_ratio"] > 0
     assert 1 < result["target_perplexity"] < 4096 and 1 < result["draft_perplexity"] < 4096  # below uniform
+    assert result["perplexity_prompts"]["split"] == "test" and result["perplexity_prompts"]["prompt_tokens"] == 64
     assert result["machine"]["cpu"] and result["machine"]["blas"]["name"]  # what the speed depends on
 
 
-@pytest.mark.parametrize("offset", ["1", "-0.1", "nan"])
-def test_pair_bench_refuses_a_prompt_offset_outside_its_share_of_the_text(offset):
-    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--prompt_offset", offset]
+def test_pair_bench_chooses_K_on_dev_prompts_and_reports_on_test_prompts(monkeypatch, capsys):
+    """Every run reads the split it claims: the calibration's the development split's open prompts, the rows' and
+    the costs' what the files hold for their split, the test split's (a bench that read the wrong split fails)."""
+    pair, read = load_bench("pair"), []
+    measure_K = pair.measure_K
+    monkeypatch.setattr(pair, "measure_K", lambda K, prompts, *rest: read.append((K, as_lists(prompts))) or
+                        measure_K(K, prompts, *rest))
+    pair.main(["--n_prompts", "2", "--n_tokens", "6", "--K", "2,auto", "--perplexity_prompts", "1"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    dev, test = split_prompts("dev", 2, 32), split_prompts("test", 2, 32)
+    assert dev != test and read == [(2, dev), (2, test), ("auto", test)]
+    assert result["prompts"]["dev"]["ids"] == result["prompts"]["test"]["ids"] == ["open-00", "open-32"]
+    for split in ("dev", "test"):
+        committed = (REPO / "bench" / "prompts" / f"{split}.json").read_bytes()
+        assert result["prompts"][split]["sha256"] == hashlib.sha256(committed).hexdigest()
+
+
+@pytest.mark.parametrize("bench", ["pair", "verifier_gains", "drafter_zoo", "early_exit", "frspec_vocabulary"])
+def test_a_bench_on_the_splits_says_how_to_cut_them_when_a_file_is_missing(bench, tmp_path):
+    (tmp_path / "dev.json").write_text((REPO / "bench" / "prompts" / "dev.json").read_text())
+    command = [sys.executable, str(REPO / "bench" / f"{bench}.py"), "--prompts_dir", str(tmp_path)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert completed.returncode == 2 and "--prompt_offset must be at least 0 and below 1" in completed.stderr
-    assert "Traceback" not in completed.stderr
+    assert completed.returncode == 2 and completed.stdout == "" and "Traceback" not in completed.stderr
+    assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
+    assert f"no test prompts at {tmp_path / 'test.json'}" in completed.stderr
+    assert "python bench/spec_splits.py" in completed.stderr
 
 
-@pytest.mark.parametrize("bench", ["pair", "text_quality", "verifier_gains"])
-def test_a_bench_on_held_out_text_says_how_to_build_it_when_it_is_missing(bench, tmp_path):
-    command = [sys.executable, str(REPO / "bench" / f"{bench}.py"), "--heldout", str(tmp_path / "heldout.txt")]
+@pytest.mark.parametrize("flags, message", [(["--n_prompts", "65"], "the test split holds 64 open prompts: asked for 65"),
+                                            (["--prompt_tokens", "0"], "the test prompts hold 64 tokens each: asked for 0")])
+def test_a_bench_on_the_splits_refuses_more_prompts_or_tokens_than_a_file_holds(flags, message):
+    completed = subprocess.run([sys.executable, str(REPO / "bench" / "drafter_zoo.py"), *flags], capture_output=True,
+                               text=True, timeout=60, cwd=REPO)
+    assert completed.returncode == 2 and message in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_text_quality_says_how_to_build_the_held_out_text_when_it_is_missing(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "text_quality.py"), "--heldout", str(tmp_path / "heldout.txt")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert completed.returncode == 2 and completed.stdout == ""
     assert completed.stderr.startswith("error: ") and len(completed.stderr.strip().splitlines()) == 1
@@ -194,9 +229,8 @@ def test_a_bench_on_held_out_text_says_how_to_build_it_when_it_is_missing(bench,
 
 
 def test_pair_bench_takes_prompt_lookup_as_the_draft():
-    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-               "--draft", "prompt-lookup", "--n_prompts", "2", "--n_tokens", "16", "--K", "2,auto",
-               "--perplexity_tokens", "100"]
+    command = [sys.executable, str(REPO / "bench" / "pair.py"), "--draft", "prompt-lookup", "--n_prompts", "2",
+               "--n_tokens", "16", "--K", "2,auto", "--perplexity_prompts", "2"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -206,8 +240,8 @@ def test_pair_bench_takes_prompt_lookup_as_the_draft():
 
 
 def test_auto_k_bench_replays_settings_on_a_pair_runs_costs(tmp_path):
-    pair = subprocess.run([sys.executable, str(REPO / "bench" / "pair.py"), "--heldout", "tests/fixtures/heldout_sample.txt",
-                           "--n_prompts", "2", "--n_tokens", "12", "--K", "1,3", "--perplexity_tokens", "50"],
+    pair = subprocess.run([sys.executable, str(REPO / "bench" / "pair.py"), "--n_prompts", "2", "--n_tokens", "12",
+                           "--K", "1,3", "--perplexity_prompts", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert pair.returncode == 0, pair.stderr[-2000:]
     (tmp_path / "pair.json").write_text(pair.stdout)
@@ -215,6 +249,8 @@ def test_auto_k_bench_replays_settings_on_a_pair_runs_costs(tmp_path):
                                capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["split"] == "dev" and result["prompts"] == json.loads(pair.stdout.strip().splitlines()[-1])[
+        "prompts"]["dev"]  # it replays the prompts the pair run calibrated on
     assert set(result["fixed_K_temperature_0"]) == {"1", "2", "3", "4", "6", "8"}
     assert result["best_fixed_temperature_0"] == max(result["fixed_K_temperature_0"].values())
     assert len(result["settings"]) == 36 and all(row["temperature_0"] > 0 and row["temperature_1"] > 0
@@ -284,6 +320,8 @@ def test_batch_bench_reports_every_batch_size_on_the_bundled_pair():
     result, progress = run_batch_bench("--batch_sizes", "1,3", "--n_tokens", "8", "--prompt_tokens", "8",
                                        "--repeats", "2", "--K", "3")
     assert result["batch_sizes"] == [1, 3] and len(progress) == 2 * 2  # a line per batch size and repeat
+    assert result["split"] == result["prompts"]["split"] == "test"  # row i: the test split's i-th of 3 open prompts
+    assert result["prompts"]["ids"] == ["open-00", "open-21", "open-42"] and result["prompts"]["prompt_tokens"] == 8
     rows = result["by_batch_size"]
     for key in ("autoregressive_tokens_per_s", "speculative_tokens_per_s", "speedup"):
         assert result[key] == [row[key]["median"] for row in rows]  # the medians, beside their ranges
@@ -492,6 +530,44 @@ def test_drafters_bench_refuses_prompt_files_it_cannot_use(damage, tmp_path):
             "swapped": "not 'dev'"}[damage] in completed.stderr
 
 
+def test_drafters_bench_reports_eagles_tree_one_hot_and_sampled_at_temperature_1(tmp_path):
+    """At temperature 1 EAGLE's head drafts two trees, in rows named apart: EAGLE-2's dynamic tree, its chosen nodes
+    judged by the one-hot rule, and a sampled tree (three drafts drawn from the head's p, judged against it by recursive
+    rejection); at temperature 0 the sampled tree's drafts would be one chain, so it has no row there."""
+    (tmp_path / "teach-eagle").symlink_to(REPO / "models" / "teach-eagle")
+    result = run_spec_bench(tmp_path, "--drafters", "eagle-tree,eagle-sampled-tree", "--categories", "open")
+    rows = {(row["drafter"], row["temperature"]): row for row in result["rows"]}
+    assert set(rows) == {("eagle-tree", 0), ("eagle-tree", 1), ("eagle-sampled-tree", 1)} and not result["skipped"]
+    assert rows["eagle-tree", 1]["tree_rule"] == "one-hot" and rows["eagle-sampled-tree", 1]["tree_rule"] == "sampled"
+    sampled = rows["eagle-sampled-tree", 1]
+    assert (sampled["K"], sampled["n_nodes"], sampled["split"]) == (1, None, "test")  # --quick: depth 1 alone
+    assert 1 <= sampled["tokens_per_call"] <= 2 and result["settings"]["choices"]["eagle-sampled-tree"] == [[1, None]]
+
+
+def test_recorded_loops_merge_a_loops_drafts_and_read_acceptance_from_the_decoders_record():
+    """The drafts proposed from the same x are one loop's sampled tree (nodes shared where prefixes are); accepted and
+    judged come from the decoder's origins, not from matching the tokens against the tree."""
+    spec_stats = load_bench("spec_stats")
+
+    class Fixed:  # proposes the given chains in turn, each one-hot
+        n_vocab = 5
+
+        def __init__(self, chains):
+            self.chains = iter(chains)
+
+        def propose(self, x, K, settings, rng, stats):
+            drafts = np.array(next(self.chains), dtype=np.int64)
+            return drafts, np.eye(5, dtype=np.float32)[drafts]
+
+    recorded = spec_stats.Recorded(Fixed([[1, 2], [1, 3], [4], [2, 2]]))
+    for length in (5, 5, 5, 7):
+        recorded.propose(np.zeros(length, dtype=np.int64), 2, sampling.GREEDY, np.random.default_rng(0), None)
+    # loop 1: nodes 1, 1-2, 1-3, 4; one accepted, the next judged and refused; loop 2: both accepted, then the bonus
+    assert recorded.loops(["accepted", "corrected", "accepted", "accepted", "bonus"]) == [(1, 2, 4), (2, 2, 2)]
+    with pytest.raises(AssertionError, match="3 loops decoded, 2 proposed"):
+        recorded.loops(["corrected", "corrected", "target"])
+
+
 def test_drafters_bench_replays_what_each_loop_accepted():
     """The loops the benchmark reads back from a run (its alpha per depth and its formula) hold exactly what the
     decoder counted: as many loops, the same accepted drafts, the same tokens."""
@@ -503,16 +579,24 @@ def test_drafters_bench_replays_what_each_loop_accepted():
     params = gpt2.init_params(TINY, np.random.default_rng(0))
     target = gpt2.GPT2Model(params, TINY)
     prompt = np.array([5, 17, 3, 9, 5, 17, 3, 9, 5, 17], dtype=np.int64)
+    head = init_head(TINY, np.random.default_rng(1))
     drafters = [bench.Drafter("prompt-lookup", PromptLookup(TINY["n_vocab"]), [(3, None)]),
-                bench.Drafter("eagle-tree", EagleTree(target, init_head(TINY, np.random.default_rng(1)), 4), [(3, 4)])]
+                bench.Drafter("eagle-tree", EagleTree(target, head, 4), [(3, 4)], "dynamic"),
+                bench.Drafter("eagle-sampled-tree", EagleTree(target, head, 4), [(3, None)], "sampled")]
     for drafter in drafters:
         for temperature in (0.0, 1.0):
             out, seconds, run_stats, loops = bench.run(target, drafter, drafter.choices[0], prompt, 20, temperature, 0)
             assert len(loops) == run_stats.loops and sum(accepted for accepted, _, _ in loops) == run_stats.accepted
             assert sum(1 + accepted for accepted, _, _ in loops) == run_stats.generated == 20 and seconds > 0
+            assert sum(judged - accepted for accepted, judged, _ in loops) == run_stats.rejected
             assert all(accepted <= judged <= accepted + 1 for accepted, judged, _ in loops)
             counts = stats.accepted_length_counts(loops)
             assert sum(counts) == len(loops) and sum(n * count for n, count in enumerate(counts)) == run_stats.accepted
+            # a loop's drafted: its tree's nodes; a sampled tree merges its 3 drafts of K tokens, sharing prefixes
+            most = {None: 3, "dynamic": 4, "sampled": 3 * 3}[drafter.drafts]
+            assert all(accepted <= drafted <= most for accepted, _, drafted in loops)
+            if drafter.drafts == "sampled":  # three draws from x: more nodes than a chain's where they differ
+                assert max(drafted for *_, drafted in loops) > 3 or temperature == 0
     loops = [(2, 3, 4), (0, 1, 4), (4, 4, 4)]
     assert stats.acceptance_by_depth(loops) == [{"depth": 1, "judged": 3, "accepted": 2},
                                                 {"depth": 2, "judged": 2, "accepted": 2},
@@ -534,9 +618,7 @@ def test_held_out_prompts_of_each_kind():
     tokens = np.array(list(range(100, 160)) + [1, 2, 3, 4] * 10 + list(range(200, 260)))
     starts, scores = heldout.structured_starts(tokens, 1, 8, 8)
     assert scores == [9 / 13] and set(tokens[starts[0]:starts[0] + 16].tolist()) <= {1, 2, 3, 4}  # inside the repeats
-    assert heldout.open_starts(len(tokens), 4, 8) == [0, 37, 74, 111]  # every (160 - 8 - 1) // 4 tokens, as pair.py's
-    windows = heldout.open_prompts(tokens, 4, 8)
-    assert [window.tolist() for window in windows] == [tokens[start:start + 8].tolist() for start in (0, 37, 74, 111)]
+    assert heldout.open_starts(len(tokens), 4, 8) == [0, 37, 74, 111]  # every (160 - 8 - 1) // 4 tokens
     assert heldout.spread(list(range(10)), 4) == [0, 2, 5, 7] and heldout.spread([1, 2], 5) == [1, 2]
 
 
@@ -656,6 +738,29 @@ def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
     assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
     assert work["block_rows"] == {"reused": 5 * 6 + 2, "recomputed": 5 * 8}  # the last draft alone runs blocks 1-2
     assert work["fall_in_block_rows"] == pytest.approx(work["drafted_rows_layer_share"]) == 0.2  # 4 of 5 rows skip 2/8
+
+
+def test_the_early_exit_bench_chooses_its_exit_layer_on_dev_prompts_and_reports_on_test_prompts(monkeypatch, capsys):
+    """The choice reads the development split's open prompts alone, every reported row the test split's: a bench
+    that read the wrong split fails."""
+    early_exit, read = load_bench("early_exit"), []
+    greedy_acceptance = early_exit.greedy_acceptance
+    monkeypatch.setattr(early_exit, "greedy_acceptance", lambda target, draft, prompts, *rest: read.append(
+        (rest[-1], as_lists(prompts))) or greedy_acceptance(target, draft, prompts, *rest))
+    early_exit.main(["--exit_layers", "1,6", "--n_prompts", "2", "--prompt_tokens", "16", "--n_tokens", "6",
+                     "--K", "2", "--rounds", "1"])
+    result = json.loads(capsys.readouterr().out)
+    dev, test = split_prompts("dev", 2, 16), split_prompts("test", 2, 16)
+    assert read == [(f"exit layer {layer}, {split}", prompts) for layer in (1, 6)
+                    for split, prompts in (("dev", dev), ("test", test))]
+    choice, rows = result["choice"], result["by_exit_layer"]
+    assert choice["split"] == "dev" and [row["split"] for row in choice["by_exit_layer"]] == ["dev", "dev"]
+    assert result["split"] == "test" and [row["split"] for row in rows] == ["test", "test"]
+    assert result["chosen_exit_layer"] == max(choice["by_exit_layer"], key=lambda row: row["expected_speedup"])[
+        "exit_layer"]
+    assert {split: record["split"] for split, record in result["prompts"].items()} == {"dev": "dev", "test": "test"}
+    for row in rows:  # the expected speedup of each split prices its own alpha at the same c and v
+        assert row["expected_speedup"] == pytest.approx(expected_speedup(row["alpha"], row["c"], 2, row["v_K_plus_1"]))
 
 
 def test_the_drafters_bench_builds_kangaroo_at_its_confidence_threshold(capsys):

@@ -26,8 +26,8 @@ from drafters.eagle import EagleDraft, init_head
 from drafters.heads import save_head
 from drafters.medusa import MedusaDraft, init_heads
 from gpt2_cases import random_params
-from helpers import (BUNDLED_DRAFT_VOCABULARY, HPARAMS, TINY, GPT2Problem, TinyGPT2Context, random_target,
-                     write_eagle3_head)
+from helpers import (BUNDLED_DRAFT_VOCABULARY, HPARAMS, TINY, GPT2Problem, TinyGPT2Context, as_lists,
+                     random_target, split_prompts, write_eagle3_head)
 from speedup.stats import SpeculativeStats
 
 NAMES = list(drafter_zoo.ZOO)
@@ -186,8 +186,13 @@ def run_bench(capsys, *argv):  # -> the JSON object bench/drafter_zoo.py prints
     return json.loads(capsys.readouterr().out.splitlines()[-1])
 
 
-def test_the_bench_measures_the_bugs_whose_heads_it_finds_and_skips_the_others(capsys, tmp_path):
+def test_the_bench_measures_the_bugs_whose_heads_it_finds_and_skips_the_others(capsys, tmp_path, monkeypatch):
+    read, lost_acceptance = [], drafter_zoo.lost_acceptance
+    monkeypatch.setattr(drafter_zoo, "lost_acceptance", lambda bug, target, head, prompts, **counts: read.append(
+        as_lists(prompts)) or lost_acceptance(bug, target, head, prompts, **counts))
     report = run_bench(capsys, "--bugs", "feature_off_by_one")
+    assert read == [split_prompts("test", 1, 16)]  # it chooses nothing: the test split's prompts alone
+    assert report["split"] == report["prompts"]["split"] == "test" and report["prompts"]["ids"] == ["open-00"]
     (row,) = report["by_bug"]
     assert report["machine"].startswith("machine: ") and row["bug"] == "feature_off_by_one"
     for wiring in ("right", "with_bug"):

@@ -212,6 +212,20 @@ def test_the_exact_oracle_passes_tree_verification_of_the_dynamic_tree(settings)
     assert check.results[0].paths > 1 or settings == sampling.GREEDY  # sampling, the verification did branch
 
 
+@pytest.mark.parametrize("replacement", [True, False])
+def test_the_exact_oracle_passes_a_sampled_tree_of_the_heads_drafts(replacement):
+    """The tree of several drafts drawn from the head's p (SpecInfer's independent drafts, or RSD's with distinct first
+    tokens), verified by recursive rejection against their p' rather than one-hot: the target's law exactly."""
+    sampled = functools.partial(tree_speculative_sampling, drafts="sampled", n_drafts=2, replacement=replacement)
+    drafter = functools.partial(EagleTree, head=random_head(TINY, 5), n_nodes=4)
+    problem = GPT2Problem(f"tiny GPT-2, EAGLE head, sampled tree of 2 drafts, replacement={replacement}, K=2, N=3",
+                          drafter, TinyGPT2Context(random_params(TINY, 3)), (1, 2), 3, 2, sampling.SamplingSettings(),
+                          True, 0)
+    check = exact_law.check_exact(sampled, problems=[problem])
+    assert check.passed, check.report
+    assert check.results[0].paths > 1  # the verification did branch
+
+
 @pytest.mark.parametrize("n_nodes", [0, -2, 2.5, "4", True, None])
 def test_a_bad_budget_is_refused_in_one_line(n_nodes):
     with pytest.raises(ValueError, match=r"^n_nodes \(the draft tree's budget of nodes\) must be an integer of at "

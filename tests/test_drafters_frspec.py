@@ -24,7 +24,7 @@ from conftest import bundled_pair_after
 from drafters.eagle import EagleDraft, init_head
 from drafters.frspec import ReducedVocabularyEagle, check_vocabulary, coverage, draft_vocabulary, load_vocabulary
 from gpt2_cases import random_params
-from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive
+from helpers import TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive, split_prompts
 from speedup.stats import SpeculativeStats
 from tools import draft_vocabulary as tool
 from verifiers.block import block_speculative_sampling
@@ -206,11 +206,12 @@ def test_the_committed_vocabulary_fits_the_bundled_target(bundled):
 
 def test_the_bench_measures_every_size_and_checks_the_tokens(tmp_path):
     """bench/frspec_vocabulary.py on the committed head, a few steps of everything: the full vocabulary covers every
-    token, a smaller one no more, and the speculative tokens were checked against autoregressive decoding inside."""
+    token, a smaller one no more, and the speculative tokens were checked against autoregressive decoding inside.
+    The size is chosen on the development split, the rows and the coverage are the test split's."""
     np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 4096, 20_000).astype(np.uint16))
     command = [sys.executable, str(REPO / "bench" / "frspec_vocabulary.py"), "--tokens", str(tmp_path / "tokens.npy"),
-               "--heldout", "tests/fixtures/heldout_sample.txt", "--sizes", "4096,256", "--repeats", "1",
-               "--n_prompts", "1", "--n_tokens", "6", "--n_docs", "2", "--max_tokens", "300"]
+               "--sizes", "4096,256", "--repeats", "1", "--n_prompts", "1", "--n_tokens", "6",
+               "--coverage_prompts", "2", "--prompt_tokens", "32"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout)
@@ -220,7 +221,15 @@ def test_the_bench_measures_every_size_and_checks_the_tokens(tmp_path):
     assert all(rows[i][key] == 1 for i in (0, 1) for key in ("training_coverage", "greedy_next_token_coverage"))
     assert 0 < rows[2]["greedy_next_token_coverage"] < 1 and rows[2]["readout_us"]["median"] > 0
     assert "family" in result["machine"] and result["head"]["steps_done"] > 0 and result["training_tokens"] == 20_000
-    missing = subprocess.run([*command[:2], "--heldout", str(tmp_path / "heldout.txt")], capture_output=True, text=True,
-                             timeout=60, cwd=REPO)
-    assert missing.returncode == 2 and "python tools/build_corpus.py" in missing.stderr
-    assert "Traceback" not in missing.stderr
+    choice = result["choice"]
+    assert choice["split"] == "dev" and {row["split"] for row in choice["by_vocabulary"]} == {"dev"}
+    assert result["split"] == "test" and {row["split"] for row in rows} == {"test"}
+    best = max(choice["by_vocabulary"], key=lambda row: row["expected_speedup"])
+    assert result["chosen"] == {"drafter": best["drafter"], "size": best["size"]}
+    assert result["prompts"]["dev"]["split"] == "dev" and result["prompts"]["test"]["split"] == "test"
+    coverage = result["coverage_prompts"]
+    assert coverage["split"] == "test" and coverage["ids"] == ["open-00", "open-32"] and coverage["tokens"] == 64
+    # the coverage of the text is over the test prompts' own tokens, as cut from the committed file
+    text = np.concatenate(split_prompts("test", 2, 32))
+    small = set(draft_vocabulary(np.bincount(np.load(tmp_path / "tokens.npy"), minlength=4096), 256).tolist())
+    assert rows[2]["heldout_text_coverage"] == pytest.approx(np.mean([token in small for token in text]))

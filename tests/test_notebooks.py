@@ -181,7 +181,7 @@ def test_bugs_notebook_shows_every_bug_caught_and_the_myth_exact():
     assert checks["showcase_tv_reference"] < 0.06 < checks["showcase_tv_smallest_bug"]
     assert checks["power_at_default_tv_0.05"] > 0.9 and checks["power_at_default_tv_0.02"] < 0.5
     assert checks["drafter_residual_bug_caught"] and checks["drafter_residual_bug_tv"] > 0.1  # the rule broken
-    assert checks["drafter_wiring_bugs_cost_acceptance"]  # the wiring broken: the law kept, acceptance lost
+    assert checks["drafter_pairing_bug_lost_per_call"] > 1  # the wiring broken: the law kept, acceptance lost
 
 
 @on_its_notebooks_worker("9_exercises.ipynb")

@@ -72,14 +72,20 @@ def test_unseen_python_is_numpys_own_source(text_quality):
     assert all(name.startswith("numpy/") and "/tests/" not in name and name.endswith(".py") for name in names)
 
 
-def test_text_quality_bench_runs_on_the_held_out_sample():
-    command = [sys.executable, str(REPO / "bench" / "text_quality.py"),
-               "--heldout", "tests/fixtures/heldout_sample.txt",
+def test_text_quality_bench_runs_on_the_held_out_sample(tmp_path):
+    """The sample as two documents, named so that the split rule puts the first in test and the second in dev: the
+    bits per byte are the test document's alone."""
+    lines = (REPO / "tests" / "fixtures" / "heldout_sample.txt").read_text().splitlines(keepends=True)
+    documents = {"heldout_sample.txt:1": "".join(lines[:62]), "heldout_sample.txt:125": "".join(lines[124:186])}
+    (tmp_path / "heldout.txt").write_text("<|endoftext|>".join(documents.values()))
+    (tmp_path / "manifest.json").write_text(json.dumps({"documents": {"heldout": list(documents)}}))
+    command = [sys.executable, str(REPO / "bench" / "text_quality.py"), "--heldout", str(tmp_path / "heldout.txt"),
                "--doc_chars", "400", "--numpy_files", "2", "--n_prompts", "2", "--n_tokens", "24", "--samples", "1"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert result["heldout_documents"] == 1 and 0 < result["heldout_bytes"] <= 400 * 4  # the sample has no separator
+    assert result["heldout_split"] == "test" and result["heldout_documents"] == 1
+    assert result["heldout_bytes"] == len(documents["heldout_sample.txt:1"][:400].encode())  # the test document's
     uniform = math.log2(4096) * result["heldout_tokens"] / result["heldout_bytes"]
     for key in ["target_bits_per_byte", "draft_bits_per_byte"]:
         assert 0.5 < result[key] < 0.7 * uniform  # far better than guessing (perplexity ~200 of 4096)
@@ -87,4 +93,13 @@ def test_text_quality_bench_runs_on_the_held_out_sample():
     assert result["target_bits_per_byte"] < result["draft_bits_per_byte"] + 0.1
     assert 0 < result["distinct_4grams"] <= 1 and 0 < result["distinct_4grams_pooled"] <= 1
     assert len(result["samples"]) == 1 and result["samples"][0]["continuation"]
+    assert result["split"] == result["prompts"]["split"] == "test"
+    assert result["prompts"]["ids"] == ["open-00", "open-32"]
+    committed = json.loads((REPO / "bench" / "prompts" / "test.json").read_text())["categories"]["open"]
+    assert result["samples"][0]["prompt"] == get_encoder_from_dir(REPO / "models" / "teach-target").decode(
+        committed[0]["tokens"][:32])  # the test split's first open prompt, its first 32 tokens
     assert len(result["numpy_files"]) == 2
+    (tmp_path / "manifest.json").write_text(json.dumps({"documents": {}}))
+    unnamed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert unnamed.returncode == 2 and "names no held-out documents" in unnamed.stderr
+    assert "Traceback" not in unnamed.stderr

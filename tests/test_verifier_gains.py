@@ -28,12 +28,13 @@ def test_gains_are_ratios_of_tokens_per_target_call():
 
 def test_a_small_run_of_every_kind_of_verifier():
     command = [sys.executable, str(REPO / "bench" / "verifier_gains.py"), "--n_prompts", "1", "--seeds", "1",
-               "--n_tokens", "8", "--K", "2", "--temperature", "0,1", "--heldout", "tests/fixtures/heldout_sample.txt",
+               "--n_tokens", "8", "--K", "2", "--temperature", "0,1",
                "--verifiers", "token,block,multi2,multi2r,tree2,topk2"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert len(result["rows"]) == 12 and result["machine"]["cpu"]
+    assert result["split"] == result["prompts"]["split"] == "test" and result["prompts"]["ids"] == ["open-00"]
     for row in result["rows"]:
         assert 1 <= row["tokens_per_target_call"] <= 3 and row["median_speedup"] > 0  # K = 2: at most 3 a call
     assert set(result["gains"]) == {"T0", "T1"} and "block_over_token_K2" in result["gains"]["T1"]
