@@ -165,11 +165,11 @@ BUGS += [
         "streams after the last blocks, in the same slots, it projects features from another basis, and the "
         "draft reads a g it never saw in training",
         (Patch(eagle3, "Eagle3Draft.tap_streams", """
-            if self.target.taps != self.layers:
-                self.target.tap(self.layers)
+            tap_also(self.target, self.layers)
             """, """
             n_layer = self.target.hparams["n_layer"]  # (bug) the last blocks, whatever the head was trained on
-            self.target.tap(range(n_layer - len(self.layers) + 1, n_layer + 1))
+            self.layers = tuple(range(n_layer - len(self.layers) + 1, n_layer + 1))
+            tap_also(self.target, self.layers)
             """),)), Eagle3Draft, "eagle3"),
     DrafterBug(Variant(
         "readout_normed_twice", "EAGLE-3's norm applied to its output twice before lm_head",

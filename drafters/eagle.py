@@ -44,7 +44,7 @@ import numpy as np
 
 import gpt2
 from drafters.chain import propose_chain
-from drafters.features import host_embeddings, true_states
+from drafters.features import host_embeddings, tap_also, true_states
 from drafters.heads import check_shapes
 from kvcache.contract import cache_resume
 
@@ -108,8 +108,7 @@ class EagleDraft:
         if self.taps and not 1 <= self.taps[0] <= self.taps[-1] < target.hparams["n_layer"]:
             raise ValueError(f"the head fuses the residual streams after blocks {list(self.taps)}; this target has "
                              f"blocks 1..{target.hparams['n_layer']}, and the last one's stream is f itself")
-        if self.taps and target.taps != self.taps:
-            target.tap(self.taps)  # the verifications from now on keep what the head reads
+        tap_also(target, self.taps)  # the verifications from now on keep what the head reads
         self.norms = [{name: np.asarray(array, np.float32) for name, array in norm.items()}  # on the host
                       for norm in tap_norms(target.params, self.taps)]
         self.cache = gpt2.empty_cache({**target.hparams, "n_layer": 1})[0]  # ([n_head, n_ctx, head_dim], same)
@@ -123,7 +122,7 @@ class EagleDraft:
         return x[1:]  # f_j predicts x_{j+1}, and the head reads f_j with x_{j+1}: the pairing EAGLE trains
 
     def true_reads(self, x, start):  # [n] -> what the head reads at x's positions from start on [n - start, n_embd]
-        *residuals, features = true_states(self.target, x, start)
+        *residuals, features = true_states(self.target, x, start, self.taps)
         return fused_features(features, residuals, self.head, self.norms)
 
     def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab]: the target's unembedding reads the head

@@ -47,7 +47,7 @@ import numpy as np
 import gpt2
 from drafters import eagle
 from drafters.eagle2 import EagleTree
-from drafters.features import true_states
+from drafters.features import tap_also, true_states
 from drafters.frspec import check_vocabulary, spread_logits
 from drafters.heads import check_shapes
 
@@ -107,11 +107,10 @@ class Eagle3Draft(EagleTree):
         self.tap_streams()
 
     def tap_streams(self):  # the target's verifications from now on keep the streams fc fuses, after self.layers
-        if self.target.taps != self.layers:
-            self.target.tap(self.layers)
+        tap_also(self.target, self.layers)
 
     def true_reads(self, x, start):  # [n] -> g at x's positions from start on [n - start, n_embd]
-        *residuals, _ = true_states(self.target, x, start)
+        *residuals, _ = true_states(self.target, x, start, self.layers)
         return fuse(residuals, self.eagle3)
 
     def readout(self, predicted):  # [m, n_embd] -> logits [m, n_vocab], -inf outside the draft vocabulary

@@ -39,16 +39,28 @@ def true_features(target, x, start=0):  # [n] -> [n - start, n_embd] float32, a 
     next verification, which needs its logits, feeds it again). A target without a cache keeps no features: they are
     computed by a separate forward, as that target recomputes everything at every call anyway.
     """
-    return true_states(target, x, start)[-1]
+    return true_states(target, x, start, layers=())[0]
 
 
-def true_states(target, x, start=0):  # [n] -> [len(target.taps) + 1, n - start, n_embd] float32, a copy
-    """true_features, after the residual stream after each block the target taps (its `tap`), row by row."""
+def tap_also(target, layers):  # the target keeps the residual streams after `layers` too, from its next call on
+    """Several drafters may share one target (a benchmark builds them all before running any): each adds the blocks it
+    reads to the target's taps and none replaces another's, so that each reads its own (true_states' layers). Tapping
+    forgets the cache: a drafter does it when it is built."""
+    wanted = tuple(sorted(set(target.taps) | {int(layer) for layer in layers}))
+    if wanted != tuple(target.taps):
+        target.tap(wanted)
+
+
+def true_states(target, x, start=0, layers=None):  # [n] -> [len(layers) + 1, n - start, n_embd] float32, a copy
+    """true_features, after the residual stream after each block of `layers` (default: every block the target taps,
+    its `tap`; each must be one of them, tap_also), row by row."""
     x = np.asarray(x, dtype=np.int64)
+    rows = list(range(len(target.taps) + 1)) if layers is None else [
+        *(target.taps.index(layer) for layer in layers), len(target.taps)]
     if not target.use_cache:
         states, _ = gpt2.hidden_states(x, **target.params, n_head=target.hparams["n_head"], cache=None, start=0,
                                        taps=target.taps)
-        return np.stack(states)[:, start:]
+        return np.stack(states)[rows, start:]
     if common_prefix_length(target.cached_tokens, x) < len(x):
         target.logits(x, n_last=1)  # fills the cache and the features up to x; the logits are not needed here
-    return np.array(target.states[:, start:len(x)], dtype=np.float32)  # a copy: the target's later calls overwrite it
+    return np.array(target.states[rows, start:len(x)], dtype=np.float32)  # a copy: the target's later calls overwrite it

@@ -217,3 +217,26 @@ def test_an_eagle3_head_whose_maps_do_not_fit_its_arrays_or_target_is_a_one_line
         load_drafter("eagle3", target, tmp_path)
     assert str(tmp_path / "teach-eagle3") in str(error.value) and message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_drafters_built_on_one_target_each_read_the_streams_their_head_fuses():
+    """A benchmark builds every drafter on one target before running any: EAGLE-3's taps (2, 4, 5) added after
+    EAGLE's (1..6) must leave EAGLE's drafts as they are alone, not feed its fusion three streams for six."""
+    import sampling
+    from conftest import bundled_pair_after
+    from drafters.load import load_drafter
+    from speedup.stats import SpeculativeStats
+
+    def proposal(with_eagle3):
+        tokens, _, target = bundled_pair_after("def fibonacci(n):\n    ")
+        eagle = load_drafter("eagle", target, REPO / "models")
+        if with_eagle3:
+            load_drafter("eagle3", target, REPO / "models")
+            assert target.taps == (1, 2, 3, 4, 5, 6)
+        return eagle.propose(np.array(tokens), 4, sampling.SamplingSettings(), np.random.default_rng(0),
+                             SpeculativeStats())
+
+    (alone, p_alone), (shared, p_shared) = proposal(False), proposal(True)
+    np.testing.assert_array_equal(alone, shared)
+    np.testing.assert_allclose(p_alone, p_shared, atol=1e-6)
+    assert p_shared.dtype == np.float32

@@ -160,6 +160,7 @@ def test_the_exact_oracle_passes_a_head_that_fuses_a_lower_layer():
 
 def test_a_zero_fusion_drafts_as_the_head_without_it_and_taps_the_target_once(bundled):
     tokens, target, head = bundled
+    target.tap(())  # the target is shared by this file's tests, and drafters add to its taps (features.tap_also)
     proposals = [EagleDraft(target, each).propose(tokens, 3, sampling.SamplingSettings(), np.random.default_rng(0),
                                                   SpeculativeStats()) for each in (head, init_fuse(head, (3,)))]
     assert target.taps == (3,) and target.states.shape == (2, target.n_ctx, target.hparams["n_embd"])
