@@ -319,13 +319,14 @@ def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows:
     return rows, k4_margins(by_prompt)
 
 
-def k4_margins(by_prompt):  # -> the bars' comparisons with the draft model, each with its paired interval
-    """Each chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times)."""
-    if "draft" not in by_prompt:
-        return {}
-    measures = {name: "alpha" if name in K4_CHAINS else "tokens_per_call" for name in by_prompt if name != "draft"}
-    return {f"{name} / draft": paired_margin(by_prompt[name], by_prompt["draft"], measure)
-            for name, measure in measures.items()}
+def k4_margins(by_prompt):  # -> the bars' comparisons, each with its paired interval
+    """Each chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times);
+    EAGLE-3's chain against EAGLE's in alpha, what the paper changed judged on the same prompts."""
+    pairs = [(name, "draft") for name in by_prompt if name != "draft" and "draft" in by_prompt]
+    pairs += [("eagle3-chain", "eagle-chain")] if {"eagle3-chain", "eagle-chain"} <= set(by_prompt) else []
+    return {f"{name} / {base}": paired_margin(by_prompt[name], by_prompt[base],
+                                              "alpha" if name in K4_CHAINS else "tokens_per_call")
+            for name, base in pairs}
 
 
 def k4_row(drafter, choice, category, runs, split):
