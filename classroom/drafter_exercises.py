@@ -171,8 +171,8 @@ def check_why_no_pruned_parent(letter):
 # ---- d5: the drafter zoo's wiring bugs, ranked by the acceptance they cost -------------------------------------
 
 
-def zoo_ranking():  # -> the wiring bugs of the committed benchmark, most tokens per target call lost first
-    rows = json.loads(ZOO_RESULTS.read_text())["by_bug"]
+def zoo_ranking():  # -> the committed benchmark's wiring bugs of EAGLE's and Medusa's heads, most tokens lost first
+    rows = [row for row in json.loads(ZOO_RESULTS.read_text())["by_bug"] if row["drafter"] in ("eagle", "medusa")]
     return [row["bug"] for row in sorted(rows, key=lambda row: -row["lost_tokens_per_target_call"])]
 
 
