@@ -64,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 import engine
+import gpt2
 import sampling
 import utils
 from bench import spec_splits
@@ -135,32 +136,43 @@ def parse_args(argv=None):
 
 
 class Drafter:
-    """A drafter as the benchmark runs it: its name, the model, the (K, n_nodes) its calibration tries (n_nodes None
-    but for a tree the drafter grows), and how verifiers/tree.py grows its tree (`drafts`: None for a chain)."""
+    """A drafter as the benchmark runs it: its name, the target it verifies with, the model, the (K, n_nodes) its
+    calibration tries (n_nodes None but for a tree the drafter grows), and how verifiers/tree.py grows its tree
+    (`drafts`: None for a chain)."""
 
-    def __init__(self, name, model, choices, drafts=None):
-        self.name, self.model, self.choices, self.drafts = name, model, tuple(choices), drafts
+    def __init__(self, name, target, model, choices, drafts=None):
+        self.name, self.target, self.model, self.choices, self.drafts = name, target, model, tuple(choices), drafts
         self.tree_rule = {None: None, "dynamic": "one-hot", "sampled": "sampled"}[drafts]  # how its nodes are judged
 
 
+def own_target(target):  # -> the same weights in the same layouts, with a cache and taps of its own
+    """Each drafter verifies with its own view of the target, as a user's run builds it: a head's taps (EAGLE reads
+    blocks 1..6) would otherwise stop the early exit's and Kangaroo's reuse of their shallow layers, and each drafter
+    would pay for streams others keep."""
+    own = gpt2.GPT2Model(target.params, target.hparams, unembedding=target.unembedding)
+    own.plan = getattr(target, "plan", None)  # engine.fast_model's layouts; None: the plain path
+    return own
+
+
 def build_drafter(name, target, draft_model, args):  # -> Drafter, or a ValueError saying why it cannot be built
-    chain = [(K, None) for K in (CHAIN_KS[:3] if args.quick else CHAIN_KS)]
+    chain, target = [(K, None) for K in (CHAIN_KS[:3] if args.quick else CHAIN_KS)], own_target(target)
     if name == "draft":
-        return Drafter(name, draft_model, chain)
+        return Drafter(name, target, draft_model, chain)
     if name == "prompt-lookup":
-        return Drafter(name, drafts.PromptLookup(target.n_vocab), chain)
+        return Drafter(name, target, drafts.PromptLookup(target.n_vocab), chain)
     model = load_drafter(name if name == "early-exit" else name.split("-")[0], target, args.models_dir,
                          confidence_threshold=args.confidence_threshold)
     if name in ("eagle-tree", "eagle3-tree"):  # EAGLE-3 grows EAGLE-2's tree
-        return Drafter(name, model, EAGLE_TREES[:1] if args.quick else EAGLE_TREES, "dynamic")
+        return Drafter(name, target, model, EAGLE_TREES[:1] if args.quick else EAGLE_TREES, "dynamic")
     if name == "medusa-tree":
-        return Drafter(name, model, [(model.n_heads, n) for n in MEDUSA_TREE_NODES[:1 if args.quick else None]],
-                       "dynamic")
+        sizes = MEDUSA_TREE_NODES[:1 if args.quick else None]
+        return Drafter(name, target, model, [(model.n_heads, n) for n in sizes], "dynamic")
     if name == "eagle-sampled-tree":
-        return Drafter(name, model, [(K, None) for K in SAMPLED_TREE_DEPTHS[:1 if args.quick else None]], "sampled")
+        return Drafter(name, target, model, [(K, None) for K in SAMPLED_TREE_DEPTHS[:1 if args.quick else None]],
+                       "sampled")
     if name == "medusa-sampled-tree":
-        return Drafter(name, model, [(model.n_heads, None)], "sampled")
-    return Drafter(name, model, [(model.n_heads, None)] if name == "medusa-chain" else chain)
+        return Drafter(name, target, model, [(model.n_heads, None)], "sampled")
+    return Drafter(name, target, model, [(model.n_heads, None)] if name == "medusa-chain" else chain)
 
 
 def build_drafters(target, draft_model, args):  # -> ([Drafter], [{"drafter", "why"}])
@@ -184,7 +196,9 @@ def feed_prompt(target, model, prompt):
 
 
 def run(target, drafter, choice, prompt, N, temperature, seed):  # -> (tokens, seconds, stats, loops)
-    """One decoding from empty caches, timed after the prompt is fed; drafter None: autoregressive decoding."""
+    """One decoding from empty caches, timed after the prompt is fed; drafter None: autoregressive decoding on target,
+    else the drafter's own target."""
+    target = drafter.target if drafter else target
     target.reset()
     model = drafter.model if drafter else None
     if model is not None:

@@ -48,8 +48,8 @@ import gpt2
 from drafters import eagle
 from drafters.eagle2 import EagleTree
 from drafters.features import tap_also, true_states
-from drafters.frspec import check_vocabulary, spread_logits
-from drafters.heads import check_shapes
+from drafters.frspec import spread_logits
+from drafters.heads import check_shapes, increasing_blocks, increasing_target_ids
 
 
 def default_layers(n_layer):  # -> the blocks after which the reference taps the residual stream: 2, n/2, n-3
@@ -93,12 +93,13 @@ class Eagle3Draft(EagleTree):
 
     def __init__(self, target, head, n_nodes, d2t, layers=None):
         n_embd, n_layer = target.hparams["n_embd"], target.hparams["n_layer"]
-        self.layers = default_layers(n_layer) if layers is None else tuple(int(layer) for layer in layers)
-        if list(self.layers) != sorted(set(self.layers)) or not 1 <= self.layers[0] <= self.layers[-1] <= n_layer:
+        self.layers = default_layers(n_layer) if layers is None else tuple(layers)
+        if not increasing_blocks(self.layers, n_layer):  # the rule head.json's "layers" is checked by
             raise ValueError(f"the head's layers must be increasing blocks 1..{n_layer}, got {list(self.layers)}")
-        self.vocabulary = check_vocabulary(d2t_vocabulary(d2t), target.n_vocab)  # sorted and unique
-        if len(self.vocabulary) != len(d2t) or not np.array_equal(self.vocabulary, d2t_vocabulary(d2t)):
-            raise ValueError("d2t must map the draft ids to increasing target ids")
+        self.layers = tuple(int(layer) for layer in self.layers)
+        if not len(d2t) or not increasing_target_ids(d2t, target.n_vocab):  # and its "d2t"
+            raise ValueError(f"d2t must map the draft ids to increasing target ids in [0, {target.n_vocab})")
+        self.vocabulary = d2t_vocabulary(d2t)  # sorted and unique
         check_shapes(head, {"fc/w": (len(self.layers) * n_embd, n_embd), "lm_head/w": (n_embd, len(d2t))}, "the head",
                      f"{len(self.layers)} taps of a target of n_embd {n_embd} and {len(d2t)} draft ids")
         super().__init__(target, head["midlayer"], n_nodes)  # self.head: the midlayer, as eagle.head_forward reads it

@@ -95,8 +95,8 @@ def trained_on(folder, info):  # -> the hparams of the target the head was train
     return hparams
 
 
-def is_whole_number(value):  # an int from JSON, not a bool
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_whole_number(value):  # an int from JSON or NumPy, not a bool
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def exit_layer_of(folder, info, n_layer=None):  # -> a Kangaroo head's exit layer
@@ -110,12 +110,22 @@ def exit_layer_of(folder, info, n_layer=None):  # -> a Kangaroo head's exit laye
     return layer
 
 
+def increasing_blocks(layers, n_layer=None):  # -> whether EAGLE-3's fused blocks are increasing integers in 1..n_layer
+    return (isinstance(layers, (list, tuple)) and len(layers) > 0 and all(map(is_whole_number, layers))
+            and list(layers) == sorted(set(layers)) and layers[0] >= 1 and (n_layer is None or layers[-1] <= n_layer))
+
+
+def increasing_target_ids(d2t, n_vocab=None):  # -> whether d2t maps the draft ids to increasing ids in [0, n_vocab)
+    target_ids = np.arange(len(d2t)) + np.asarray(d2t, np.int64)  # eagle3.d2t_vocabulary, which imports this file
+    in_range = target_ids[0] >= 0 and (n_vocab is None or target_ids[-1] < n_vocab)
+    return bool(in_range and np.all(np.diff(target_ids) > 0))
+
+
 def fused_layers_of(folder, info, n_layer=None):  # -> an EAGLE-3 head's layers, as head.json gives them
     """head.json's "layers", the blocks after which the target's streams are fused: increasing integers in
     [1, n_layer] (n_layer where known), or a one-line ValueError naming the file."""
     layers = info.get("layers")
-    if not (isinstance(layers, list) and layers and all(map(is_whole_number, layers))
-            and layers == sorted(set(layers)) and layers[0] >= 1 and (n_layer is None or layers[-1] <= n_layer)):
+    if not (isinstance(layers, list) and increasing_blocks(layers, n_layer)):
         within = "1..n_layer" if n_layer is None else f"1..{n_layer}"
         raise ValueError(f"{Path(folder) / 'head.json'} must give the blocks the head fuses, \"layers\", increasing "
                          f"integers in {within}; got {layers!r}")
@@ -134,8 +144,7 @@ def draft_vocabulary_of(folder, info, n_vocab=None):  # -> an EAGLE-3 head's d2t
                f"a JSON {JSON_KINDS.get(type(d2t), 'object')}")
         raise ValueError(f"{path} must give the draft vocabulary, \"d2t\", a list of integer offsets from each draft "
                          f"id to its target id (tools/train_heads.py eagle3 writes it); got {got}")
-    target_ids = np.arange(len(d2t)) + np.asarray(d2t, np.int64)
-    if target_ids[0] < 0 or np.any(np.diff(target_ids) <= 0) or (n_vocab is not None and target_ids[-1] >= n_vocab):
+    if not increasing_target_ids(d2t, n_vocab):
         within = "" if n_vocab is None else f" in [0, {n_vocab})"
         raise ValueError(f"{path}: \"d2t\" must map the draft ids to increasing target ids{within}")
     return d2t

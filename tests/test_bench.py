@@ -580,9 +580,9 @@ def test_drafters_bench_replays_what_each_loop_accepted():
     target = gpt2.GPT2Model(params, TINY)
     prompt = np.array([5, 17, 3, 9, 5, 17, 3, 9, 5, 17], dtype=np.int64)
     head = init_head(TINY, np.random.default_rng(1))
-    drafters = [bench.Drafter("prompt-lookup", PromptLookup(TINY["n_vocab"]), [(3, None)]),
-                bench.Drafter("eagle-tree", EagleTree(target, head, 4), [(3, 4)], "dynamic"),
-                bench.Drafter("eagle-sampled-tree", EagleTree(target, head, 4), [(3, None)], "sampled")]
+    drafters = [bench.Drafter("prompt-lookup", target, PromptLookup(TINY["n_vocab"]), [(3, None)]),
+                bench.Drafter("eagle-tree", target, EagleTree(target, head, 4), [(3, 4)], "dynamic"),
+                bench.Drafter("eagle-sampled-tree", target, EagleTree(target, head, 4), [(3, None)], "sampled")]
     for drafter in drafters:
         for temperature in (0.0, 1.0):
             out, seconds, run_stats, loops = bench.run(target, drafter, drafter.choices[0], prompt, 20, temperature, 0)
@@ -775,6 +775,30 @@ def test_the_drafters_bench_builds_kangaroo_at_its_confidence_threshold(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--confidence_threshold", "1.5"])
     assert "--confidence_threshold must be a number in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_each_drafter_of_the_bench_verifies_with_its_own_target_so_a_heads_taps_leave_the_exits_reuse_alone():
+    """EAGLE taps blocks 1..6; on one shared target the early exit (block 2) would find those taps and recompute its
+    shallow layers instead of reusing them. Each drafter gets its own view of the same weights."""
+    import utils
+
+    bench = load_bench("spec_bench")
+    args = bench.parse_args(["--quick", "--drafters", "eagle-chain,early-exit,kangaroo"])
+    _, hparams, params = utils.load_encoder_hparams_and_params("teach-target", REPO / "models")
+    target = gpt2.GPT2Model(params, hparams)
+    built, skipped = bench.build_drafters(target, None, args)
+    assert not skipped and [d.name for d in built] == ["eagle-chain", "early-exit", "kangaroo"]
+    eagle, exit_draft, kangaroo = built
+    assert len({id(d.target) for d in built} | {id(target)}) == 4 and target.taps == ()
+    assert eagle.target.taps and exit_draft.target.taps == kangaroo.target.taps == ()
+    assert all(d.target.params is target.params for d in built)  # views: no weights copied
+    prompt = np.array([464, 1893, 286, 262, 995, 318], dtype=np.int64)
+    out, _, stats, _ = bench.run(target, exit_draft, (3, None), prompt, 8, 0.0, 0)
+    reference = sampling.autoregressive_sampling(prompt, target, 8, 0, temperature=0.0)
+    assert np.array_equal(out, reference)
+    exit_draft.target.reset()  # a draft of 3, then the target's call: the drafted positions enter after the exit
+    exit_draft.model.propose(prompt, 3, sampling.GREEDY, np.random.default_rng(0), stats)
+    assert exit_draft.target.exit_draft.reuse(exit_draft.target.exit_draft.tokens, exit_draft.target.exit_draft.start)
 
 
 def test_a_paired_margin_is_level_inside_its_interval_and_named_outside_it():
