@@ -58,7 +58,7 @@ def test_the_python_api_example_runs_as_a_script_outside_the_clone(tmp_path):
     text, stats = result.stdout.rstrip("\n").rsplit("\n", 1)
     assert stats.startswith("SpeculativeStats(loops=") and "acceptance_rate=" in stats and "origins" not in stats
     assert text.strip()
-    assert "then the run's `SpeculativeStats(loops=..., acceptance_rate=...)`" in section(README, "Python API")
+    assert "print(stats)  # SpeculativeStats(loops=..., acceptance_rate=...)" in section(README, "Python API")
 
 
 def test_the_batching_example_runs_as_a_script_outside_the_clone(tmp_path):
