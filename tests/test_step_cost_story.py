@@ -123,6 +123,17 @@ def test_the_drafters_page_names_the_row_furthest_from_its_count():
     assert {row["K"] for row in exit_rows} == {1} and f"the early exit's at K 1 in all {words[len(exit_rows)]}" in page
 
 
+def test_the_d2_solution_says_how_near_the_count_lands():
+    solution = " ".join((REPO / "notebooks" / "solutions" / "drafter_solutions.py").read_text(encoding="utf-8").split())
+    shape = {"n_layer": 8, "n_embd": 384, "n_vocab": 4096, "exit_layer": 2}
+    counted = {drafter: counted_weights(name, **shape) / counted_weights("target", **shape)
+               for drafter, name in [("eagle-chain", "eagle"), ("early-exit", "early-exit"), ("kangaroo", "kangaroo")]}
+    far = [(row["drafter"], row["K"]) for row in BENCH["rows"] if row["drafter"] in counted
+           and abs(row["c"] / counted[row["drafter"]] - 1) > 1 / 5]
+    assert far == [("eagle-chain", 1)], far
+    assert "within a fifth of the c notebook 11's loop paid in every row but one, EAGLE's chain at K 1" in solution
+
+
 def results_read_by(notebook):  # -> the text of every committed result file its code names
     names = set(re.findall(r"\"([\w.-]+\.json)\"", "\n".join(cell.source for cell in notebook.cells
                                                             if cell.cell_type == "code")))
