@@ -123,6 +123,18 @@ def test_the_drafters_page_names_the_row_furthest_from_its_count():
     assert {row["K"] for row in exit_rows} == {1} and f"the early exit's at K 1 in all {words[len(exit_rows)]}" in page
 
 
+def test_the_side_by_side_quotes_the_c_paid():
+    page = " ".join(section((REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"),
+                            "Side by side: Spec-Bench in miniature").split())
+    assert f"{len(BENCH['rows'])} rows" in page and f"a target decode step {BENCH['target_decode_ms']:.2f} ms" in page
+    eagle = [row for row in BENCH["rows"] if row["drafter"] == "eagle-chain"]
+    at_5 = [row["c"] for row in eagle if row["K"] == 5]
+    (at_1,) = [row["c"] for row in eagle if row["K"] == 1]
+    assert len(eagle) == 6 and len(at_5) == 5 and f"c {span(at_5)} at the K 5 chosen in five rows of six" in page
+    assert f"({at_1:.2f} in the sixth, at K 1" in page and f"(c {span(paid('draft'))})" in page
+    assert f"(c {span(paid('early-exit') + paid('kangaroo'))}) for α" in page
+
+
 def test_the_d2_solution_says_how_near_the_count_lands():
     solution = " ".join((REPO / "notebooks" / "solutions" / "drafter_solutions.py").read_text(encoding="utf-8").split())
     shape = {"n_layer": 8, "n_embd": 384, "n_vocab": 4096, "exit_layer": 2}
