@@ -134,6 +134,11 @@ def test_the_side_by_side_quotes_the_c_paid():
     assert f"({at_1:.2f} in the sixth, at K 1" in page and f"(c {span(paid('draft'))})" in page
     assert f"(c {span(paid('early-exit') + paid('kangaroo'))}) for α" in page
 
+    index = next(line for line in (RESULTS / "README.md").read_text(encoding="utf-8").splitlines()
+                 if line.startswith("| `drafters_cpu_zen4.json`"))  # the results index says the same run
+    assert f"{len(BENCH['settings']['drafters'])} drafters" in index
+    assert f"{BENCH['wall_seconds'] / 60:.0f} minutes" in index
+
 
 def test_the_d2_solution_says_how_near_the_count_lands():
     solution = " ".join((REPO / "notebooks" / "solutions" / "drafter_solutions.py").read_text(encoding="utf-8").split())
