@@ -123,7 +123,7 @@ def test_the_drafters_page_names_the_row_furthest_from_its_count():
     assert {row["K"] for row in exit_rows} == {1} and f"the early exit's at K 1 in all {words[len(exit_rows)]}" in page
 
 
-def test_the_side_by_side_quotes_the_c_paid():
+def test_the_side_by_side_and_the_results_index_quote_the_run():
     page = " ".join(section((REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"),
                             "Side by side: Spec-Bench in miniature").split())
     assert f"{len(BENCH['rows'])} rows" in page and f"a target decode step {BENCH['target_decode_ms']:.2f} ms" in page
