@@ -97,6 +97,60 @@ def test_the_drafters_page_prose_is_the_committed_split():
             assert by_K[1] > by_K[8], (drafter, row["category"], row["temperature"])
 
 
+def over_count(row):  # -> the c a row paid over its drafter's count, less 1
+    name = next(name for name, drafter in IN_BENCH.items() if drafter == row["drafter"])
+    return row["c"] / STEP_COST["steps"][name]["c_by_weights"] - 1
+
+
+def test_the_drafters_page_names_the_row_furthest_from_its_count():
+    page = " ".join(section((REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"), "What a step costs").split())
+    rows = [row for row in BENCH["rows"] if row["drafter"] in IN_BENCH.values()]
+    furthest = max(rows, key=over_count)
+    assert (furthest["drafter"], furthest["K"]) == ("eagle-chain", 1)  # its once-per-loop work on one draft
+    assert (f"The {over_count(furthest):.0%} is one row, EAGLE's chain at temperature {furthest['temperature']:g} on "
+            f"{furthest['category']} prompts, where the development runs chose K 1") in page
+    eagle = [row for row in rows if row["drafter"] == "eagle-chain"]
+    at_K1 = [next(run["c"] for run in row["calibration"] if run["K"] == 1) for row in eagle]
+    words = {6: "six"}
+    assert f"at K 1 EAGLE's c is {span(at_K1)} in all {words[len(eagle)]} rows' development runs" in page
+    assert min(at_K1) > 1.75 * STEP_COST["steps"]["eagle head"]["c_by_weights"]  # "nearly twice its count"
+    others = [row for row in rows if row is not furthest]
+    assert (f"The other {len(others)} rows lie from {-min(map(over_count, others)):.0%} below to "
+            f"{max(map(over_count, others)):.0%} above") in page
+    chosen = [row["K"] for row in others if row["drafter"] in ("draft", "eagle-chain")]
+    assert f"the draft model's and EAGLE's at the K {min(chosen)}-{max(chosen)} they chose" in page
+    exit_rows = [row for row in others if row["drafter"] == "early-exit"]
+    assert {row["K"] for row in exit_rows} == {1} and f"the early exit's at K 1 in all {words[len(exit_rows)]}" in page
+
+
+def test_the_side_by_side_and_the_results_index_quote_the_run():
+    page = " ".join(section((REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"),
+                            "Side by side: Spec-Bench in miniature").split())
+    assert f"{len(BENCH['rows'])} rows" in page and f"a target decode step {BENCH['target_decode_ms']:.2f} ms" in page
+    eagle = [row for row in BENCH["rows"] if row["drafter"] == "eagle-chain"]
+    at_5 = [row["c"] for row in eagle if row["K"] == 5]
+    (at_1,) = [row["c"] for row in eagle if row["K"] == 1]
+    assert len(eagle) == 6 and len(at_5) == 5 and f"c {span(at_5)} at the K 5 chosen in five rows of six" in page
+    assert f"({at_1:.2f} in the sixth, at K 1" in page and f"(c {span(paid('draft'))})" in page
+    assert f"(c {span(paid('early-exit') + paid('kangaroo'))}) for α" in page
+
+    index = next(line for line in (RESULTS / "README.md").read_text(encoding="utf-8").splitlines()
+                 if line.startswith("| `drafters_cpu_zen4.json`"))  # the results index says the same run
+    assert f"{len(BENCH['settings']['drafters'])} drafters" in index
+    assert f"{BENCH['wall_seconds'] / 60:.0f} minutes" in index
+
+
+def test_the_d2_solution_says_how_near_the_count_lands():
+    solution = " ".join((REPO / "notebooks" / "solutions" / "drafter_solutions.py").read_text(encoding="utf-8").split())
+    shape = {"n_layer": 8, "n_embd": 384, "n_vocab": 4096, "exit_layer": 2}
+    counted = {drafter: counted_weights(name, **shape) / counted_weights("target", **shape)
+               for drafter, name in [("eagle-chain", "eagle"), ("early-exit", "early-exit"), ("kangaroo", "kangaroo")]}
+    far = [(row["drafter"], row["K"]) for row in BENCH["rows"] if row["drafter"] in counted
+           and abs(row["c"] / counted[row["drafter"]] - 1) > 1 / 5]
+    assert far == [("eagle-chain", 1)], far
+    assert "within a fifth of the c notebook 11's loop paid in every row but one, EAGLE's chain at K 1" in solution
+
+
 def results_read_by(notebook):  # -> the text of every committed result file its code names
     names = set(re.findall(r"\"([\w.-]+\.json)\"", "\n".join(cell.source for cell in notebook.cells
                                                             if cell.cell_type == "code")))
