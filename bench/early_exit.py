@@ -74,13 +74,13 @@ def time_loop_calls(target, draft, prompt, K, rounds):  # -> median seconds of e
 
 
 def verification_work(n_layer, exit_layer, K, seconds):  # -> the target's work per verification, reused and recomputed
-    """In decode steps (measured) and in block rows (one row through one block: K + 1 rows, of which the K the draft
-    fed skip the exit's blocks; tests/test_drafters_early_exit.py counts them)."""
-    rows = {"reused": (K + 1) * (n_layer - exit_layer) + exit_layer, "recomputed": (K + 1) * n_layer}
+    """In decode steps (measured) and in block rows (one row through one block: K + 1 rows, all fed by the draft, so
+    all skip the exit's blocks; tests/test_drafters_early_exit.py counts them)."""
+    rows = {"reused": (K + 1) * (n_layer - exit_layer), "recomputed": (K + 1) * n_layer}
     return {"decode_steps": {path: seconds[path] / seconds["decode_step"] for path in rows}, "block_rows": rows,
             "fall_in_time": 1 - seconds["reused"] / seconds["recomputed"],
             "fall_in_block_rows": 1 - rows["reused"] / rows["recomputed"],
-            "drafted_rows_layer_share": K * exit_layer / ((K + 1) * n_layer)}
+            "exit_layer_share": exit_layer / n_layer}
 
 
 def measure_exit(target, exit_layer, splits, K, N, rounds):  # -> the row for one exit layer, its alpha on dev

@@ -16,10 +16,11 @@ next call will (both resume after the longest cached prefix of x, cache_resume w
 for the target), cuts the target's record of what its cache holds (`cached_tokens`) back to that position, and leaves
 beside it an ExitDraft (target.exit_draft): the tokens it fed from there and their h_L.
 
-The verification reuses them (LayerSkip's and Kangaroo's saving). The target scores x and K drafts: the rows the
-draft fed (x's last token and the first K - 1 drafts) start at block L from their h_L (gpt2.hidden_states'
-first_layer and x), their keys and values of layers < L kept as the draft wrote them; only the last draft, which the
-draft never fed, first runs the exit's L blocks. After a rejection the next x ends before the rejected draft: the
+The verification reuses them (LayerSkip's and Kangaroo's saving). The chain ends by feeding its last draft through
+the exit's blocks too, without the readout, as Kangaroo's code does (its drafting loop runs the shallow layers for the
+last token before it stops, skipping adapter and head). The target then scores x's last token and the K drafts from
+block L, from their h_L (gpt2.hidden_states' first_layer and x), their keys and values of layers < L kept as the draft
+wrote them: its verification runs the layers after the exit alone. After a rejection the next x ends before the rejected draft: the
 draft's next call resumes before it and rewrites its slots, and the ExitDraft the target reads is always the one
 made since its last call, for the slots it feeds from exactly there (any other call of the target, a tree's or one
 from elsewhere, reuses nothing and forgets it). A rejected draft's states are never read.
@@ -28,8 +29,8 @@ Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from e
 enters q/p, made by sampling.logits_to_probs with the run's settings, and the reused verification computes the
 target's own logits (to float32 rounding: rows fed in other batches round differently). Only speed depends on L. A
 draft step runs L of the target's n_layer blocks and the whole unembedding, so its cost c is about L / n_layer plus
-the unembedding's share of a decode step; the verification saves L blocks for all its rows but the last; the
-acceptance of an untrained exit is low (docs/DRAFTERS.md).
+the unembedding's share of a decode step, and a chain pays L blocks more for its last draft; the verification saves
+L blocks for all its rows; the acceptance of an untrained exit is low (docs/DRAFTERS.md).
 """
 
 import numpy as np
@@ -117,11 +118,18 @@ class EarlyExit:
     def propose(self, x, K, settings, rng, stats):  # -> drafts [<= K], p [<= K, n_vocab]
         """Up to K tokens drawn one by one from the exit's p (drafters/chain.propose_chain, stepping by
         chain_logits)."""
-        return propose_chain(self.chain_logits, x, K, settings, rng, stats, self.n_vocab)
+        return propose_chain(self.chain_logits, x, K, settings, rng, stats, self.n_vocab, feed_last=self.feed_last)
+
+    def feed_last(self, token):
+        """Kangaroo's order: the chain's last draft through the exit's blocks (no readout), kept for the target's next
+        call, which then starts every row after the exit."""
+        drafted = self.target.exit_draft
+        if drafted is not None and drafted.drafter is self:
+            self.drafted_states(np.array([token], dtype=np.int64), drafted.end)
 
     def chain_logits(self, x):  # yields each draft's logits [n_vocab]; is sent the token drawn from them
-        """The exit's chain: x's tokens the target's cache lacks, then each draft fed back for the next; the last is
-        never fed. The chain stops early where keeps_drafting says so."""
+        """The exit's chain: x's tokens the target's cache lacks, then each draft fed back for the next (the last by
+        feed_last). The chain stops early where keeps_drafting says so."""
         start, new_tokens = self.resume(x, n_last=1)
         while True:
             logits = self.exit_logits(new_tokens, start)[-1]
@@ -159,8 +167,8 @@ class ExitDraft:
 
     def reuse(self, tokens, start):  # -> gpt2.GPT2Model.forward's {first_layer, x}, or {} where nothing is reusable
         """For tokens the target feeds at slots start..: the leading ones the draft fed there enter block exit_layer
-        from their h (the blocks before it ran in the draft, their keys and values are cached); the rest (the last
-        draft, never fed) first run the exit's blocks through the cache, as a draft step would. Nothing is reused
+        from their h (the blocks before it ran in the draft, their keys and values are cached); the rest (tokens the
+        draft did not feed there) first run the exit's blocks through the cache. Nothing is reused
         when the target feeds from another slot, or keeps the residual stream of a block the reuse would skip."""
         exit_layer = self.drafter.exit_layer
         n = common_prefix_length(self.tokens, tokens) if start == self.start else 0

@@ -24,11 +24,10 @@ its own record, `fed`, of the tokens its slots hold. It resumes after the longes
 (the target's for layers < L, `fed` for the adapter) and cuts the target's record back there too: from that position
 on it feeds every token, and so rewrites every slot, the target's layers < L and the adapter's, before any query
 reads it; a rejected draft's keys are never read. The two records differ after a loop that accepted all K drafts:
-the target scored the last draft (running the exit's blocks for it), the adapter never fed it (Kangaroo's code meets
-the same missing slot), and resuming by the shorter record refeeds it. Where the kit departs from Kangaroo's code:
-there the last draft's shallow layers run while drafting (adapter and head skipped) and the verification runs only
-the layers after the exit; here they run inside the verification's call, as for EarlyExit: the same work, in v
-rather than c.
+the target scored the last draft (the draft ran the exit's blocks for it), the adapter never fed it (Kangaroo's code meets
+the same missing slot), and resuming by the shorter record refeeds it. As in Kangaroo's code, the chain's last
+draft runs the shallow layers while drafting, adapter and head skipped (EarlyExit.feed_last), so the verification
+runs only the layers after the exit.
 
 Kangaroo's second early exit: the chain stops once the exit's confidence in the token it just drafted, its top
 probability, falls below a threshold (CONFIDENCE_THRESHOLD, 0.6 as in Kangaroo's code, unless given: drafters/load.py,

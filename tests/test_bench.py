@@ -736,8 +736,8 @@ def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
     assert set(seconds) == {"draft_step", "reused", "recomputed", "decode_step"} and min(seconds.values()) > 0
     work = early_exit.verification_work(8, 2, 4, {"reused": 1.0, "recomputed": 2.0, "decode_step": 0.5})
     assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
-    assert work["block_rows"] == {"reused": 5 * 6 + 2, "recomputed": 5 * 8}  # the last draft alone runs blocks 1-2
-    assert work["fall_in_block_rows"] == pytest.approx(work["drafted_rows_layer_share"]) == 0.2  # 4 of 5 rows skip 2/8
+    assert work["block_rows"] == {"reused": 5 * 6, "recomputed": 5 * 8}  # the draft fed all 5 rows through blocks 1-2
+    assert work["fall_in_block_rows"] == pytest.approx(work["exit_layer_share"]) == 0.25
 
 
 def test_the_early_exit_bench_chooses_its_exit_layer_on_dev_prompts_and_reports_on_test_prompts(monkeypatch, capsys):

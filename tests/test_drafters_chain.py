@@ -1,5 +1,6 @@
 """drafters/chain.py: the chain drafters' one loop. Each draft is drawn from exactly the p returned, every draft but
-the last is fed back, a chain may stop early or yield nothing, and the call is timed as one draft call."""
+the last is fed back (the last goes to feed_last), a chain may stop early or yield nothing, and the call is timed as
+one draft call."""
 
 import numpy as np
 
@@ -51,3 +52,18 @@ def test_a_chain_that_stops_early_or_yields_nothing_gives_fewer_drafts():
     for chain_logits, K in ((no_feature_yet, 3), (recording_chain([]), 0)):
         drafts, p = propose_chain(chain_logits, [0], K, sampling.GREEDY, rng, SpeculativeStats(), N_VOCAB)
         assert drafts.shape == (0,) and drafts.dtype == np.int64 and p.shape == (0, N_VOCAB) and p.dtype == np.float32
+
+
+def test_feed_last_gets_the_last_draft_once_inside_the_timed_call():
+    """Kangaroo's order: the chain never feeds its last draft; a drafter whose verification reuses the draft's work
+    (the early exit) takes it with feed_last, timed as part of the draft call; a chain with no draft feeds nothing."""
+    fed, last, stats = [], [], SpeculativeStats()
+    drafts, _ = propose_chain(recording_chain(fed), [3], 3, sampling.GREEDY, np.random.default_rng(0), stats, N_VOCAB,
+                              feed_last=last.append)
+    assert fed == drafts[:-1].tolist() and last == drafts[-1:].tolist() and stats.draft_calls == 3
+    drafts, _ = propose_chain(recording_chain(fed, stop_after=len(fed) + 1), [0], 5, sampling.GREEDY,
+                              np.random.default_rng(0), SpeculativeStats(), N_VOCAB, feed_last=last.append)
+    assert len(drafts) == 1 and last[-1] == drafts[0]  # a chain stopped early: its last (stopping) draft too
+    propose_chain(recording_chain([]), [0], 0, sampling.GREEDY, np.random.default_rng(0), SpeculativeStats(), N_VOCAB,
+                  feed_last=last.append)
+    assert len(last) == 2
