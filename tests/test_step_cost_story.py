@@ -4,6 +4,7 @@ and every decimal notebook 11's prose quotes stands in what the notebook printed
 
 import json
 import re
+import statistics
 
 import nbformat
 import pytest
@@ -102,36 +103,42 @@ def over_count(row):  # -> the c a row paid over its drafter's count, less 1
     return row["c"] / STEP_COST["steps"][name]["c_by_weights"] - 1
 
 
-def test_the_drafters_page_names_the_row_furthest_from_its_count():
+EXIT_BLOCKS = 2 * 12 * 384 ** 2 / counted_weights("target", n_layer=8, n_embd=384, n_vocab=4096, exit_layer=2)
+
+
+def per_loop_count(row):  # -> the exit's count per draft step, with its last draft's blocks shared by the loop's drafts
+    name = next(name for name, drafter in IN_BENCH.items() if drafter == row["drafter"])
+    return STEP_COST["steps"][name]["c_by_weights"] + EXIT_BLOCKS / row["draft_steps_per_loop"]
+
+
+def signed(values):  # -> "-7% to +12%"
+    return f"{min(values):+.0%} to {max(values):+.0%}"
+
+
+def test_the_drafters_page_says_what_a_loops_own_work_adds_to_the_count():
     page = " ".join(section((REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"), "What a step costs").split())
     rows = [row for row in BENCH["rows"] if row["drafter"] in IN_BENCH.values()]
+    assert f"{EXIT_BLOCKS:.3f} of a decode step per loop by the weights" in page
+    exits = [row for row in rows if row["drafter"] == "early-exit"]
+    assert f"the exit's rows lie {signed([row['c'] / per_loop_count(row) - 1 for row in exits])} from it" in page
+    several = [row for row in rows if row["drafter"] != "early-exit" and row["K"] > 1]
+    alone = [row for row in rows if row["drafter"] != "early-exit" and row["K"] == 1]
+    assert f"the draft model's and EAGLE's rows at K 2 or more {signed(list(map(over_count, several)))}" in page
+    if alone:  # a loop of one draft carries the loop's work alone
+        assert f"those at K 1 {signed(list(map(over_count, alone)))}" in page
+        assert min(map(over_count, alone)) > max(map(over_count, several))
     furthest = max(rows, key=over_count)
-    assert (furthest["drafter"], furthest["K"]) == ("eagle-chain", 1)  # its once-per-loop work on one draft
-    assert (f"The {over_count(furthest):.0%} is one row, EAGLE's chain at temperature {furthest['temperature']:g} on "
-            f"{furthest['category']} prompts, where the development runs chose K 1") in page
-    eagle = [row for row in rows if row["drafter"] == "eagle-chain"]
-    at_K1 = [next(run["c"] for run in row["calibration"] if run["K"] == 1) for row in eagle]
-    words = {6: "six"}
-    assert f"at K 1 EAGLE's c is {span(at_K1)} in all {words[len(eagle)]} rows' development runs" in page
-    assert min(at_K1) > 1.75 * STEP_COST["steps"]["eagle head"]["c_by_weights"]  # "nearly twice its count"
-    others = [row for row in rows if row is not furthest]
-    assert (f"The other {len(others)} rows lie from {-min(map(over_count, others)):.0%} below to "
-            f"{max(map(over_count, others)):.0%} above") in page
-    chosen = [row["K"] for row in others if row["drafter"] in ("draft", "eagle-chain")]
-    assert f"the draft model's and EAGLE's at the K {min(chosen)}-{max(chosen)} they chose" in page
-    exit_rows = [row for row in others if row["drafter"] == "early-exit"]
-    assert {row["K"] for row in exit_rows} == {1} and f"the early exit's at K 1 in all {words[len(exit_rows)]}" in page
+    assert furthest["K"] == 1 or furthest["drafter"] == "early-exit"
 
 
 def test_the_side_by_side_and_the_results_index_quote_the_run():
     page = " ".join(section((REPO / "docs" / "DRAFTERS.md").read_text(encoding="utf-8"),
                             "Side by side: Spec-Bench in miniature").split())
     assert f"{len(BENCH['rows'])} rows" in page and f"a target decode step {BENCH['target_decode_ms']:.2f} ms" in page
-    eagle = [row for row in BENCH["rows"] if row["drafter"] == "eagle-chain"]
-    at_5 = [row["c"] for row in eagle if row["K"] == 5]
-    (at_1,) = [row["c"] for row in eagle if row["K"] == 1]
-    assert len(eagle) == 6 and len(at_5) == 5 and f"c {span(at_5)} at the K 5 chosen in five rows of six" in page
-    assert f"({at_1:.2f} in the sixth, at K 1" in page and f"(c {span(paid('draft'))})" in page
+    eagle_at_2 = [row["c"] for row in BENCH["rows"] if row["drafter"] == "eagle-chain" and row["K"] > 1]
+    draft_at_2 = [row["c"] for row in BENCH["rows"] if row["drafter"] == "draft" and row["K"] > 1]
+    assert f"c {span(eagle_at_2)} at the K of 2 or more it chose" in page and f"(c {span(draft_at_2)})" in page
+    assert 1.5 < min(eagle_at_2) / max(draft_at_2) or 1.5 < statistics.median(eagle_at_2) / statistics.median(draft_at_2)
     assert f"(c {span(paid('early-exit') + paid('kangaroo'))}) for α" in page
 
     index = next(line for line in (RESULTS / "README.md").read_text(encoding="utf-8").splitlines()
@@ -145,10 +152,11 @@ def test_the_d2_solution_says_how_near_the_count_lands():
     shape = {"n_layer": 8, "n_embd": 384, "n_vocab": 4096, "exit_layer": 2}
     counted = {drafter: counted_weights(name, **shape) / counted_weights("target", **shape)
                for drafter, name in [("eagle-chain", "eagle"), ("early-exit", "early-exit"), ("kangaroo", "kangaroo")]}
-    far = [(row["drafter"], row["K"]) for row in BENCH["rows"] if row["drafter"] in counted
-           and abs(row["c"] / counted[row["drafter"]] - 1) > 1 / 5]
-    assert far == [("eagle-chain", 1)], far
-    assert "within a fifth of the c notebook 11's loop paid in every row but one, EAGLE's chain at K 1" in solution
+    near = [row for row in BENCH["rows"] if row["drafter"] == "eagle-chain" and row["K"] > 1]
+    assert near and all(abs(row["c"] / counted["eagle-chain"] - 1) < 1 / 5 for row in near)
+    assert all(row["c"] > counted[row["drafter"]] for row in BENCH["rows"] if row["drafter"] in ("early-exit", "kangaroo"))
+    assert ("within a fifth of the c notebook 11's loop paid for EAGLE wherever a loop drafts two tokens or more"
+            in solution)
 
 
 def results_read_by(notebook):  # -> the text of every committed result file its code names

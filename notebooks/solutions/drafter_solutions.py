@@ -11,8 +11,9 @@ d2. A step's cost from its weights. A step on one token multiplies each weight m
     the tied unembedding d x n_vocab. The target: n_layer 12 d^2 + d n_vocab. EAGLE's head: fc over [feature;
     embedding] 2 d^2, one block 12 d^2, the readout. An exit after L layers: L 12 d^2 + the readout. Kangaroo: the
     exit plus the adapter's attention, 4 d^2. On the bundled pair (8 x 384, 4,096 tokens): c = 0.231 (EAGLE), 0.325
-    (exit after 2), 0.362 (Kangaroo): within a fifth of the c notebook 11's loop paid in every row but one,
-    EAGLE's chain at K 1, which pays its work once per loop on a single draft (nearly twice its count).
+    (exit after 2), 0.362 (Kangaroo): within a fifth of the c notebook 11's loop paid for EAGLE wherever a loop
+    drafts two tokens or more. A loop of one draft carries the loop's own work alone, and the exit's and Kangaroo's
+    loops also feed their last draft through the exit's blocks (Kangaroo's order): they pay more than the count.
 
 d3. On a 7B-shaped target (32 layers, d = 4096, 32,000 tokens; Kangaroo's exit after 2 of 32): the target reads
     6.57 G weights a step; EAGLE's head 0.366 G, c = 0.056; the exit 0.534 G, c = 0.081; Kangaroo 0.601 G, c =
