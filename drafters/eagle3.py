@@ -93,11 +93,11 @@ class Eagle3Draft(EagleTree):
 
     def __init__(self, target, head, n_nodes, d2t, layers=None):
         n_embd, n_layer = target.hparams["n_embd"], target.hparams["n_layer"]
-        self.layers = default_layers(n_layer) if layers is None else tuple(layers)
-        if not increasing_blocks(self.layers, n_layer):  # the rule head.json's "layers" is checked by
-            raise ValueError(f"the head's layers must be increasing blocks 1..{n_layer}, got {list(self.layers)}")
-        self.layers = tuple(int(layer) for layer in self.layers)
-        if not len(d2t) or not increasing_target_ids(d2t, target.n_vocab):  # and its "d2t"
+        layers = default_layers(n_layer) if layers is None else tuple(layers)
+        if not increasing_blocks(layers, n_layer):  # the rule head.json's "layers" is checked by
+            raise ValueError(f"the head's layers must be increasing blocks 1..{n_layer}, got {list(layers)}")
+        self.layers = tuple(int(layer) for layer in layers)
+        if not increasing_target_ids(d2t, target.n_vocab):  # and its "d2t"
             raise ValueError(f"d2t must map the draft ids to increasing target ids in [0, {target.n_vocab})")
         self.vocabulary = d2t_vocabulary(d2t)  # sorted and unique
         check_shapes(head, {"fc/w": (len(self.layers) * n_embd, n_embd), "lm_head/w": (n_embd, len(d2t))}, "the head",

@@ -16,13 +16,13 @@ next call will (both resume after the longest cached prefix of x, cache_resume w
 for the target), cuts the target's record of what its cache holds (`cached_tokens`) back to that position, and leaves
 beside it an ExitDraft (target.exit_draft): the tokens it fed from there and their h_L.
 
-The verification reuses them (LayerSkip's and Kangaroo's saving). The chain ends by feeding its last draft through
-the exit's blocks too, without the readout, as Kangaroo's code does (its drafting loop runs the shallow layers for the
-last token before it stops, skipping adapter and head). The target then scores x's last token and the K drafts from
-block L, from their h_L (gpt2.hidden_states' first_layer and x), their keys and values of layers < L kept as the draft
-wrote them: its verification runs the layers after the exit alone. After a rejection the next x ends before the rejected draft: the
-draft's next call resumes before it and rewrites its slots, and the ExitDraft the target reads is always the one
-made since its last call, for the slots it feeds from exactly there (any other call of the target, a tree's or one
+The verification reuses them (LayerSkip's and Kangaroo's saving). The chain ends by feeding its last draft through the
+exit's blocks too, without the readout, as Kangaroo's code does (its drafting loop runs the shallow layers for the last
+token before it stops, skipping adapter and head). The target then scores x's last token and the K drafts from block L,
+from their h_L (gpt2.hidden_states' first_layer and x), their keys and values of layers < L kept as the draft wrote
+them: its verification runs the layers after the exit alone. After a rejection the next x ends before the rejected
+draft: the draft's next call resumes before it and rewrites its slots, and the ExitDraft the target reads is always the
+one made since its last call, for the slots it feeds from exactly there (any other call of the target, a tree's or one
 from elsewhere, reuses nothing and forgets it). A rejected draft's states are never read.
 
 Exactness is Algorithm 2's: each drafted token is drawn (sampling.sample) from exactly the p that is returned and

@@ -43,9 +43,9 @@ def true_features(target, x, start=0):  # [n] -> [n - start, n_embd] float32, a 
 
 
 def tap_also(target, layers):  # the target keeps the residual streams after `layers` too, from its next call on
-    """Several drafters may share one target (a benchmark builds them all before running any): each adds the blocks it
-    reads to the target's taps and none replaces another's, so that each reads its own (true_states' layers). Tapping
-    forgets the cache: a drafter does it when it is built."""
+    """Several drafters may share one target (the API allows it): each adds the blocks it reads to the target's taps
+    and none replaces another's, so that each reads its own (true_states' layers). Tapping forgets the cache: a drafter
+    does it when it is built."""
     wanted = tuple(sorted(set(target.taps) | {int(layer) for layer in layers}))
     if wanted != tuple(target.taps):
         target.tap(wanted)
@@ -63,4 +63,4 @@ def true_states(target, x, start=0, layers=None):  # [n] -> [len(layers) + 1, n 
         return np.stack(states)[rows, start:]
     if common_prefix_length(target.cached_tokens, x) < len(x):
         target.logits(x, n_last=1)  # fills the cache and the features up to x; the logits are not needed here
-    return np.array(target.states[rows, start:len(x)], dtype=np.float32)  # a copy: the target's later calls overwrite it
+    return np.array(target.states[rows, start:len(x)], dtype=np.float32)  # a copy: later calls overwrite the states

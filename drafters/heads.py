@@ -115,9 +115,9 @@ def increasing_blocks(layers, n_layer=None):  # -> whether EAGLE-3's fused block
             and list(layers) == sorted(set(layers)) and layers[0] >= 1 and (n_layer is None or layers[-1] <= n_layer))
 
 
-def increasing_target_ids(d2t, n_vocab=None):  # -> whether d2t maps the draft ids to increasing ids in [0, n_vocab)
+def increasing_target_ids(d2t, n_vocab=None):  # -> whether d2t maps draft ids to increasing ids in [0, n_vocab)
     target_ids = np.arange(len(d2t)) + np.asarray(d2t, np.int64)  # eagle3.d2t_vocabulary, which imports this file
-    in_range = target_ids[0] >= 0 and (n_vocab is None or target_ids[-1] < n_vocab)
+    in_range = len(target_ids) > 0 and target_ids[0] >= 0 and (n_vocab is None or target_ids[-1] < n_vocab)
     return bool(in_range and np.all(np.diff(target_ids) > 0))
 
 

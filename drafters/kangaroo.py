@@ -15,19 +15,18 @@ the cross-entropy of the exit's distribution against the target's at each positi
 init_adapter starts the adapter as the untrained exit: c_proj zero (the attention adds nothing, a = h_L) and ln_f'
 a copy of the target's ln_f, so training starts from EarlyExit's p exactly.
 
-The caches. The first L blocks read and write the target's own KV cache, and the target's verification starts at
-block L for the rows the draft fed, as for EarlyExit (its docstring says why that is safe); the adapter is the
-draft's alone, so its h_L is what the verification reuses, not the adapter's output. The adapter's attention needs
-keys and values of its own: slot j holds those of position j, made from h_L there, which depends only on the tokens
-up to j. Only the draft writes them (verification runs the target's blocks, never the adapter), so the drafter keeps
-its own record, `fed`, of the tokens its slots hold. It resumes after the longest prefix of x that both records share
-(the target's for layers < L, `fed` for the adapter) and cuts the target's record back there too: from that position
-on it feeds every token, and so rewrites every slot, the target's layers < L and the adapter's, before any query
-reads it; a rejected draft's keys are never read. The two records differ after a loop that accepted all K drafts:
-the target scored the last draft (the draft ran the exit's blocks for it), the adapter never fed it (Kangaroo's code meets
-the same missing slot), and resuming by the shorter record refeeds it. As in Kangaroo's code, the chain's last
-draft runs the shallow layers while drafting, adapter and head skipped (EarlyExit.feed_last), so the verification
-runs only the layers after the exit.
+The caches. The first L blocks read and write the target's own KV cache, and the target's verification starts at block L
+for the rows the draft fed, as for EarlyExit (its docstring says why that is safe); the adapter is the draft's alone, so
+its h_L is what the verification reuses, not the adapter's output. The adapter's attention needs keys and values of its
+own: slot j holds those of position j, made from h_L there, which depends only on the tokens up to j. Only the draft
+writes them (verification runs the target's blocks, never the adapter), so the drafter keeps its own record, `fed`, of
+the tokens its slots hold. It resumes after the longest prefix of x that both records share (the target's for layers <
+L, `fed` for the adapter) and cuts the target's record back there too: from that position on it feeds every token, and
+so rewrites every slot, the target's layers < L and the adapter's, before any query reads it; a rejected draft's keys
+are never read. The two records differ after a loop that accepted all K drafts: the target scored the last draft (the
+draft ran the exit's blocks for it), the adapter never fed it (Kangaroo's code meets the same missing slot), and
+resuming by the shorter record refeeds it. As in Kangaroo's code, the chain's last draft runs the shallow layers while
+drafting, adapter and head skipped (EarlyExit.feed_last), so the verification runs only the layers after the exit.
 
 Kangaroo's second early exit: the chain stops once the exit's confidence in the token it just drafted, its top
 probability, falls below a threshold (CONFIDENCE_THRESHOLD, 0.6 as in Kangaroo's code, unless given: drafters/load.py,
