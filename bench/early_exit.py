@@ -48,7 +48,10 @@ def time_loop_calls(target, draft, prompt, K, rounds):  # -> median seconds of e
     draft proposing K tokens (draft_step: per token), the target verifying them reused (the rows the draft fed start
     at the exit: drafters/early_exit.ExitDraft); the same proposal verified recomputed (the target forgets what the
     draft left and runs every row through every block, as before the reuse); a decode step (one new token after the
-    cached prefix). The first round warms up."""
+    cached prefix); the readout alone (the verification's rows entering after the last block: ln_f, the unembedding
+    and the call's own work, the part no exit covers; fed into the slots past the target's record, which hold nothing
+    it keeps). The first round warms up."""
+    n_layer, n_embd = target.hparams["n_layer"], target.hparams["n_embd"]
     target.reset()
     target.logits(prompt)
 
@@ -67,6 +70,9 @@ def time_loop_calls(target, draft, prompt, K, rounds):  # -> median seconds of e
                 target.exit_draft = None
             seconds[path], _ = timed(target.logits, np.append(prompt, drafts), K + 1)
         seconds["decode_step"], _ = timed(target.logits, np.append(prompt, drafts[:1]), 1)
+        entering = np.zeros((K + 1, n_embd), np.float32)  # any state: only the call's shape matters to its time
+        seconds["readout"], _ = timed(lambda: target.forward(np.zeros(K + 1, np.int64), len(target.cached_tokens),
+                                                             first_layer=n_layer, x=entering))
         return seconds
 
     measured = [one_round() for _ in range(rounds + 1)][1:]
@@ -75,10 +81,16 @@ def time_loop_calls(target, draft, prompt, K, rounds):  # -> median seconds of e
 
 def verification_work(n_layer, exit_layer, K, seconds):  # -> the target's work per verification, reused and recomputed
     """In decode steps (measured) and in block rows (one row through one block: K + 1 rows, all fed by the draft, so
-    all skip the exit's blocks; tests/test_drafters_early_exit.py counts them)."""
+    all skip the exit's blocks; tests/test_drafters_early_exit.py counts them). The time splits into the readout,
+    which no exit covers, and the blocks (the rest): their time alone, and what one block costs in each call."""
     rows = {"reused": (K + 1) * (n_layer - exit_layer), "recomputed": (K + 1) * n_layer}
-    return {"decode_steps": {path: seconds[path] / seconds["decode_step"] for path in rows}, "block_rows": rows,
+    in_steps = {path: seconds[path] / seconds["decode_step"] for path in (*rows, "readout")}
+    blocks = {path: in_steps[path] - in_steps["readout"] for path in rows}
+    return {"decode_steps": {path: in_steps[path] for path in rows}, "block_rows": rows,
+            "readout_decode_steps": in_steps["readout"], "blocks_decode_steps": blocks,
+            "one_block_decode_steps": {path: blocks[path] * (K + 1) / rows[path] for path in rows},
             "fall_in_time": 1 - seconds["reused"] / seconds["recomputed"],
+            "fall_in_block_time": 1 - blocks["reused"] / blocks["recomputed"],
             "fall_in_block_rows": 1 - rows["reused"] / rows["recomputed"],
             "exit_layer_share": exit_layer / n_layer}
 

@@ -733,9 +733,14 @@ def test_the_early_exit_bench_times_the_verification_reused_and_recomputed():
     early_exit = load_bench("early_exit")
     target = gpt2.GPT2Model(gpt2.init_params(TINY, np.random.default_rng(0)), TINY)
     seconds = early_exit.time_loop_calls(target, EarlyExit(target, 1), np.array([3, 1, 4, 1, 5]), 3, rounds=2)
-    assert set(seconds) == {"draft_step", "reused", "recomputed", "decode_step"} and min(seconds.values()) > 0
-    work = early_exit.verification_work(8, 2, 4, {"reused": 1.0, "recomputed": 2.0, "decode_step": 0.5})
+    assert set(seconds) == {"draft_step", "reused", "recomputed", "decode_step", "readout"}
+    assert min(seconds.values()) > 0
+    work = early_exit.verification_work(8, 2, 4, {"reused": 1.0, "recomputed": 2.0, "decode_step": 0.5, "readout": 0.2})
     assert work["decode_steps"] == {"reused": 2.0, "recomputed": 4.0} and work["fall_in_time"] == 0.5
+    assert work["readout_decode_steps"] == 0.4 and work["blocks_decode_steps"] == pytest.approx(
+        {"reused": 1.6, "recomputed": 3.6})  # the rest of each call: its blocks
+    assert work["fall_in_block_time"] == pytest.approx(1 - 1.6 / 3.6)
+    assert work["one_block_decode_steps"] == pytest.approx({"reused": 1.6 / 6, "recomputed": 3.6 / 8})
     assert work["block_rows"] == {"reused": 5 * 6, "recomputed": 5 * 8}  # the draft fed all 5 rows through blocks 1-2
     assert work["fall_in_block_rows"] == pytest.approx(work["exit_layer_share"]) == 0.25
 
@@ -828,3 +833,29 @@ def test_at_K4_margins_set_eagle3s_chain_against_eagles_as_well_as_each_drafter_
     assert margins["eagle3-chain / eagle-chain"]["margin"] == pytest.approx(0.5)  # 4/4 against 2/4 on every prompt
     assert margins["eagle3-chain / eagle-chain"]["verdict"] == "ahead"
     assert list(bench.k4_margins({"eagle3-chain": rows["eagle3-chain"]})) == []
+
+
+def test_the_early_exit_page_quotes_the_committed_run():
+    """docs/DRAFTERS.md's early-exit table and its falls in time are bench/results/early_exit_cpu_zen4.json's: a figure
+    left from an older run fails."""
+    result = json.loads((REPO / "bench" / "results" / "early_exit_cpu_zen4.json").read_text())
+    page = " ".join((REPO / "docs" / "DRAFTERS.md").read_text().split())
+    for row in result["by_exit_layer"]:
+        work, layers = row["verification"], row["exit_layer"]
+        quoted = (f"{layers} layer{'s' if layers > 1 else ''} {row['alpha']:.2f} {row['tokens_per_target_call']:.2f} "
+                  f"{row['c']:.2f} {work['decode_steps']['reused']:.2f} {work['decode_steps']['recomputed']:.2f} "
+                  f"{work['block_rows']['reused']} / {work['block_rows']['recomputed']} {row['expected_speedup']:.2f}x")
+        assert quoted in page
+    percent = {key: [f"{100 * row['verification'][key]:.0f}%" for row in result["by_exit_layer"]]
+               for key in ("fall_in_time", "fall_in_block_time")}
+    for key, (l1, l2, l4, l6) in percent.items():
+        assert f"{l1} and {l2} ({l4} and {l6}" in page, key
+    readout = [row["verification"]["readout_decode_steps"] for row in result["by_exit_layer"]]
+    assert f"readout alone too (the same rows entering after the last block): {min(readout):.2f}-{max(readout):.2f}" in page
+    one_block = {path: [row["verification"]["one_block_decode_steps"][path] for row in result["by_exit_layer"]]
+                 for path in ("reused", "recomputed")}
+    dearer = [reused / recomputed - 1 for reused, recomputed in zip(*one_block.values())]
+    assert (f"costs {100 * min(dearer):.0f}% to {100 * max(dearer):.0f}% more in the reused call "
+            f"({min(one_block['reused']):.2f}-{max(one_block['reused']):.2f} of a decode step for 5 rows) than the "
+            f"recomputing call's average block ({min(one_block['recomputed']):.2f}-{max(one_block['recomputed']):.2f})"
+            ) in page
