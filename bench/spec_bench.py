@@ -38,12 +38,13 @@ that judged a draft at depth d, and those that accepted it), loops by accepted l
 call in Spec-Bench's convention and SpecForge's (bench/spec_stats.py), c, and predicted_speedup, the formula at the
 measured loops, c and verification cost (each in the rounds' autoregressive decode steps, as bench/pair.py);
 predicted_speedup_machine_v the same with v(n) measured apart (speedup/costs.measure_costs; a tree of n nodes costs
-about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside EAGLE's and EAGLE-3's
-chains at K = 4 and their dynamic trees at depth 4 with drafters/load.py's default budget and the larger budgets an
+about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside the trained heads' chains
+(EAGLE's, EAGLE-3's, Medusa's and Kangaroo's, those of --drafters) at K = 4 and their dynamic trees at depth 4 with drafters/load.py's default budget and the larger budgets an
 accelerator would verify for about a step's cost (16 and 32 nodes), on --k4_prompts prompts per category of the test
 split (more than the timed rows: it counts tokens, not time); "at_K4_margins" sets each against the draft on the same
-prompts (each chain in alpha, each tree in tokens per target call) with the 95% interval of a paired bootstrap over
-the prompts, and says "level" where that interval holds no margin. A head's recipe is judged on the development split
+prompts (each chain in alpha, each tree in tokens per target call), and every other head's chain against EAGLE's
+in alpha, with the 95% interval of a paired bootstrap over the prompts, and says "level" where that interval holds no
+margin. A head's recipe is judged on the development split
 instead: --at_K4_only --at_K4_split dev. At temperature 0 every run's tokens must equal autoregressive decoding's:
 same_tokens_as_autoregressive.
 
@@ -82,7 +83,8 @@ from verifiers.tree import tree_speculative_sampling
 
 DRAFTERS = ("draft", "prompt-lookup", "eagle-chain", "eagle-tree", "eagle-sampled-tree", "eagle3-chain",
             "eagle3-tree", "medusa-chain", "medusa-tree", "medusa-sampled-tree", "early-exit", "kangaroo")
-K4_CHAINS, K4_TREES = ("draft", "eagle-chain", "eagle3-chain"), ("eagle-tree", "eagle3-tree")  # at_K4's drafters
+K4_HEADS = ("eagle3-chain", "medusa-chain", "kangaroo")  # trained heads at_K4 sets against EAGLE-1's too
+K4_CHAINS, K4_TREES = ("draft", "eagle-chain", *K4_HEADS), ("eagle-tree", "eagle3-tree")  # at_K4's drafters
 CATEGORIES = spec_splits.CATEGORIES
 CHAIN_KS = tuple(range(1, 9))  # a chain is calibrated at each of these K, each with its own runs
 EAGLE_TREES = ((2, 4), (4, 4), (4, 8), (6, 8), (6, 12))  # (depth, nodes): small, a CPU prices n nodes as a chain of n
@@ -316,9 +318,10 @@ def bench_category(drafters, category, prompts, target, args, temperature, measu
     return rows
 
 
-def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows: draft vs EAGLE at K = 4, temperature 0
-    """Alpha and tokens per target call of the draft and EAGLE's and EAGLE-3's chains at K = 4, and of their EAGLE-2
-    trees at depth 4 within each of K4_TREE_NODES, one greedy run per prompt, per category and over all of them."""
+def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows: draft vs heads at K = 4, temperature 0
+    """Alpha and tokens per target call of the draft and the heads' chains at K = 4 (K4_CHAINS), and of EAGLE's and
+    EAGLE-3's EAGLE-2 trees at depth 4 within each of K4_TREE_NODES, one greedy run per prompt, per category and over
+    all of them."""
     compared = [(d, (4, None)) for d in drafters if d.name in K4_CHAINS]
     compared += [(d, (4, n_nodes)) for d in drafters if d.name in K4_TREES for n_nodes in K4_TREE_NODES]
     rows, by_prompt = [], {}
@@ -335,9 +338,9 @@ def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows:
 
 def k4_margins(by_prompt):  # -> the bars' comparisons, each with its paired interval
     """Each chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times);
-    EAGLE-3's chain against EAGLE's in alpha, what the paper changed judged on the same prompts."""
+    every other head's chain against EAGLE's in alpha (what EAGLE-3 changed, or another method, on the same prompts)."""
     pairs = [(name, "draft") for name in by_prompt if name != "draft" and "draft" in by_prompt]
-    pairs += [("eagle3-chain", "eagle-chain")] if {"eagle3-chain", "eagle-chain"} <= set(by_prompt) else []
+    pairs += [(name, "eagle-chain") for name in K4_HEADS if {name, "eagle-chain"} <= set(by_prompt)]
     return {f"{name} / {base}": paired_margin(by_prompt[name], by_prompt[base],
                                               "alpha" if name in K4_CHAINS else "tokens_per_call")
             for name, base in pairs}

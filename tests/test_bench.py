@@ -822,14 +822,16 @@ def test_a_paired_margin_is_level_inside_its_interval_and_named_outside_it():
     assert paired_margin(noisy, theirs, "alpha")["verdict"] == "level"
 
 
-def test_at_K4_margins_set_eagle3s_chain_against_eagles_as_well_as_each_drafter_against_the_draft():
+def test_at_K4_margins_set_every_other_heads_chain_against_eagles_as_well_as_each_drafter_against_the_draft():
     bench = load_bench("spec_bench")
     rows = {"draft": [[3, 4, 4, 2]] * 8, "eagle-chain": [[2, 4, 3, 2]] * 8, "eagle3-chain": [[4, 4, 5, 2]] * 8,
-            "eagle3-tree 16": [[4, 4, 6, 2]] * 8}
+            "eagle3-tree 16": [[4, 4, 6, 2]] * 8, "kangaroo": [[1, 3, 2, 2]] * 8}
     margins = bench.k4_margins(rows)
     assert {name: margin["measure"] for name, margin in margins.items()} == {
         "eagle-chain / draft": "alpha", "eagle3-chain / draft": "alpha", "eagle3-tree 16 / draft": "tokens_per_call",
-        "eagle3-chain / eagle-chain": "alpha"}
+        "kangaroo / draft": "alpha", "eagle3-chain / eagle-chain": "alpha", "kangaroo / eagle-chain": "alpha"}
+    assert margins["kangaroo / eagle-chain"]["margin"] == pytest.approx(1 / 3 - 1 / 2)  # 1/3 against 2/4
+    assert margins["kangaroo / eagle-chain"]["verdict"] == "behind"
     assert margins["eagle3-chain / eagle-chain"]["margin"] == pytest.approx(0.5)  # 4/4 against 2/4 on every prompt
     assert margins["eagle3-chain / eagle-chain"]["verdict"] == "ahead"
     assert list(bench.k4_margins({"eagle3-chain": rows["eagle3-chain"]})) == []
