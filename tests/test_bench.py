@@ -861,3 +861,36 @@ def test_the_early_exit_page_quotes_the_committed_run():
             f"({min(one_block['reused']):.2f}-{max(one_block['reused']):.2f} of a decode step for 5 rows) than the "
             f"recomputing call's average block ({min(one_block['recomputed']):.2f}-{max(one_block['recomputed']):.2f})"
             ) in page
+
+
+def test_the_heads_at_one_budget_on_the_page_are_the_committed_runs():
+    """docs/DRAFTERS.md's table of the heads at one budget is drafters_equal_budget_at_K4's: alpha, tokens per target
+    call, each margin against EAGLE-1's head with its interval, and the judged drafts per call it quotes."""
+    result = json.loads((REPO / "bench" / "results" / "drafters_equal_budget_at_K4_cpu_zen4.json").read_text())
+    page = " ".join((REPO / "docs" / "DRAFTERS.md").read_text().split())
+    overall = {row["drafter"]: row for row in result["at_K4"] if row["category"] == "all"}
+    names = {"kangaroo": "Kangaroo's adapter (stop 0.6)", "eagle-chain": "EAGLE-1's head", "eagle3-chain":
+             "EAGLE-3's draft", "medusa-chain": "Medusa-1's 4 heads", "draft": "the distilled draft model (2 x 192)"}
+    assert set(overall) == set(names) and {row["prompts"] for row in overall.values()} == {192}
+    for drafter, name in names.items():
+        row = overall[drafter]
+        quoted = f"{name} {row['alpha']:.3f} {row['tokens_per_call']:.2f}"
+        margin = result["at_K4_margins"].get(f"{drafter} / eagle-chain")
+        if margin:
+            low, high = margin["interval_95"]
+            quoted += f" {margin['margin']:+.3f} ({low:+.3f} to {high:+.3f})"
+        assert quoted in page, quoted
+    verdicts = {drafter: result["at_K4_margins"][f"{drafter} / eagle-chain"]["verdict"]
+                for drafter in ("kangaroo", "eagle3-chain", "medusa-chain")}
+    assert verdicts == {"kangaroo": "ahead", "eagle3-chain": "behind", "medusa-chain": "behind"}
+    judged = {drafter: (overall[drafter]["tokens_per_call"] - 1) / overall[drafter]["alpha"]
+              for drafter in ("kangaroo", "eagle-chain")}
+    assert f"{judged['kangaroo']:.2f} judged per target call against EAGLE-1's {judged['eagle-chain']:.2f}" in page
+    alpha = {drafter: f"{row['alpha']:.3f}" for drafter, row in overall.items()}
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (f"Kangaroo's adapter is ahead of EAGLE's head in α at K 4 ({alpha['kangaroo']} against "
+            f"{alpha['eagle-chain']}), EAGLE-3's draft ({alpha['eagle3-chain']}) and Medusa's heads "
+            f"({alpha['medusa-chain']}) behind") in readme
+    card = " ".join((REPO / "models" / "README.md").read_text().split())
+    assert (f"Kangaroo's adapter {alpha['kangaroo']}, EAGLE's head {alpha['eagle-chain']}, EAGLE-3's draft "
+            f"{alpha['eagle3-chain']}, Medusa's heads {alpha['medusa-chain']}") in card
