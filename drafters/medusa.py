@@ -92,6 +92,21 @@ def head_loss(features, labels, heads, unembedding):  # [m, n_embd], [m, n_heads
     return -(picked.mean(axis=0) * loss_weights(len(heads["heads"]))).sum()
 
 
+def head_distillation_loss(features, target_logits, heads, unembedding):  # [T, n_embd], [T, n_vocab] -> a scalar
+    """Medusa's self-distillation (Cai et al. 2024, section 2.3.2): head_loss with the target's own distribution of
+    each head's token, its logits one position before that token, in place of the text's token: at feature i, head k
+    learns softmax(target_logits[i + k]) (the soft cross-entropy, the KL up to the target's entropy), weighted
+    0.8^k. The features with a label for every head are those head_targets pairs, T - 1 - n_heads."""
+    n_heads = len(heads["heads"])
+    m = len(features) - 1 - n_heads
+    if m < 1:
+        raise ValueError(f"a sequence of {len(features)} tokens has no feature with labels for {n_heads} heads")
+    log_probs = gpt2.log_softmax(head_logits(features[:m], heads, unembedding))  # [m, n_heads, n_vocab]
+    xp = gpt2.array_module(log_probs)
+    teacher = xp.stack([gpt2.softmax(target_logits[k:k + m]) for k in range(1, n_heads + 1)], axis=1)  # the same
+    return -((teacher * log_probs).sum(axis=-1).mean(axis=0) * loss_weights(n_heads)).sum()
+
+
 def best_paths(confidence, n_nodes, ceilings=None):  # [depth, top] -> up to n_nodes tuples of ranks, parents first
     """The n_nodes paths (r_1, .., r_d), d <= depth, of highest product of confidence[k-1][r_k]: Medusa's expected
     acceptance of a path. A child's product never exceeds its parent's, so the best paths hold their ancestors,

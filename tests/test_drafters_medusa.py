@@ -18,8 +18,8 @@ import sampling
 from classroom import exact_law, lossless, verifier_zoo
 from conftest import bundled_pair_after
 from drafters.features import true_features
-from drafters.medusa import (MedusaDraft, best_paths, head_logits, head_loss, head_targets, init_heads,
-                             loss_weights)
+from drafters.medusa import (MedusaDraft, best_paths, head_distillation_loss, head_logits, head_loss, head_targets,
+                             init_heads, loss_weights)
 from gpt2_cases import random_params
 from helpers import HPARAMS, TINY, GPT2Problem, TinyGPT2Context, assert_greedy_equals_autoregressive, random_target
 from speedup.stats import SpeculativeStats
@@ -123,6 +123,29 @@ def test_the_loss_is_medusa_1s_cross_entropy_weighted_by_0_8_to_the_k():
         log_probs = rows - np.log(np.exp(rows).sum(axis=-1, keepdims=True))
         expected -= sum(0.8 ** k * log_probs[k - 1, labels[i, k - 1]] for k in (1, 2, 3)) / 5
     assert float(head_loss(features, labels, heads, wte.T)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_self_distillation_sets_head_k_against_the_targets_distribution_one_position_before_its_token():
+    """At feature i head k's token is i+1+k, which the target predicts from position i+k: with the target's logits
+    one-hot-sharp at the text's tokens, the distillation loss is head_loss on head_targets' labels; by hand otherwise."""
+    heads, rng = random_heads(TINY, 3, 7, scale=3.0), np.random.default_rng(9)
+    features, wte = rng.standard_normal((10, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    text = rng.integers(0, 4, 10)  # a feature per token; the target's logits at position t predict text[t + 1]
+    sharp = (100.0 * np.eye(4, dtype=np.float32))[np.append(text[1:], 0)]  # [10, 4], the last row never read
+    labels = head_targets(text, 3)  # [6, 3]: features 0..5
+    distilled = float(head_distillation_loss(features, sharp, heads, wte.T))
+    assert distilled == pytest.approx(float(head_loss(features[:6], labels, heads, wte.T)), rel=1e-4)
+    soft = rng.standard_normal((10, 4)).astype(np.float32)
+    expected = 0.0
+    for i in range(6):
+        rows = by_hand(features[i], heads, wte)
+        log_probs = rows - np.log(np.exp(rows).sum(axis=-1, keepdims=True))
+        for k in (1, 2, 3):
+            teacher = np.exp(soft[i + k]) / np.exp(soft[i + k]).sum()
+            expected -= 0.8 ** k * (teacher * log_probs[k - 1]).sum() / 6
+    assert float(head_distillation_loss(features, soft, heads, wte.T)) == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="has no feature with labels for 3 heads"):
+        head_distillation_loss(features[:4], soft[:4], heads, wte.T)
 
 
 def test_head_k_is_labelled_with_the_token_k_plus_1_after_its_feature():

@@ -175,3 +175,29 @@ def test_the_classification_weight_scales_eagle_s_token_loss_alone():
     for drafter, weight in (("medusa", 1.0), ("eagle", -1.0), ("eagle", "high")):
         with pytest.raises(SystemExit, match="--classification_weight"):
             train_heads.main(drafter, classification_weight=weight)
+
+
+def test_medusa_s_self_distillation_learns_the_target_s_distribution_of_each_head_s_token(tiny_setup, tmp_path):
+    """--medusa_labels target: the loss is drafters/medusa.head_distillation_loss on the target's own logits (its
+    logits are its features after ln_f read out through wte), recorded in the recipe; refused for other drafters."""
+    from drafters import medusa
+
+    params = jax.tree.map(jax.numpy.asarray, gpt2.init_params(TINY_TARGET, np.random.default_rng(0)))
+    kind = train_heads.Medusa(TINY_TARGET, labels="target")
+    heads = kind.init(TINY_TARGET, np.random.default_rng(1), params)
+    window = jax.numpy.asarray(np.random.default_rng(2).integers(0, 4096, 13))
+    features = train_heads.target_features(params, TINY_TARGET["n_head"], window)
+    expected = medusa.head_distillation_loss(np.asarray(features), np.asarray(features @ params["wte"].T),
+                                             jax.tree.map(np.asarray, heads), np.asarray(params["wte"]).T)
+    assert float(kind.loss(heads, params, window, None)) == pytest.approx(float(expected), rel=1e-5)
+    corpus = float(train_heads.Medusa(TINY_TARGET).loss(heads, params, window, None))
+    assert abs(corpus - float(expected)) > 1e-3  # the labels differ: the text's tokens, the target's distribution
+    models_dir, corpus_dir = tiny_setup
+    train_heads.main("medusa", models_dir=models_dir, corpus_dir=corpus_dir, steps=2, batch_size=2, seq_len=16,
+                     warmup=1, eval_every=2, validation_tokens=300, state_dir=tmp_path / "state", save_minutes=0,
+                     medusa_labels="target")
+    _, info = load_head(models_dir / "teach-medusa", drafter="medusa")
+    assert info["training"]["recipe"]["medusa_labels"] == "target"
+    for drafter, labels in (("eagle", "target"), ("medusa", "soft")):
+        with pytest.raises(SystemExit, match="--medusa_labels"):
+            train_heads.main(drafter, medusa_labels=labels)

@@ -29,8 +29,9 @@ is the paper's:
 - EAGLE-3 (Li et al. 2025, arXiv 2503.01840), its own draft (drafters/eagle3.py): the token loss alone, over a draft
   vocabulary of --draft_vocab_size ids, under the training-time test of 7 steps weighted 0.8^i (tools/train_eagle3.py).
 - Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
-  corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss). Afterwards the heads'
-  top-ranked tokens are scored on the validation windows: the accuracies MedusaDraft prunes its tree by.
+  corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss); --medusa_labels target:
+  the target's distribution of that token instead (the paper's self-distillation; medusa.head_distillation_loss).
+  The heads' top-ranked tokens are then scored on the validation windows: the accuracies MedusaDraft prunes by.
 - Kangaroo (Liu et al. 2024, arXiv 2404.18911): the adapter reads the residual stream after the target's first
   exit_layer blocks; the cross-entropy from the target's own next-token distribution to the adapted exit's
   (distillation).
@@ -168,12 +169,13 @@ def agreement(logits, target_logits):  # the share of positions where both argma
 
 
 class Medusa:
-    """Medusa-1's heads on the target's feature at position i, head k predicting the corpus token i+1+k."""
+    """Medusa-1's heads on the target's feature at i, head k predicting the corpus token i+1+k (labels "target": its
+    distribution by the target)."""
 
     name, default_out, n_heads, top = "medusa", "teach-medusa", 4, 4
 
-    def __init__(self, hparams):
-        self.n_head = hparams["n_head"]
+    def __init__(self, hparams, labels="corpus"):
+        self.n_head, self.labels = hparams["n_head"], labels
 
     def init(self, hparams, rng, target_params):
         return medusa.init_heads(hparams, self.n_heads, rng)
@@ -183,6 +185,9 @@ class Medusa:
         return target_features(target_params, self.n_head, window)[:len(labels)], labels
 
     def loss(self, heads, target_params, window, key):
+        if self.labels == "target":  # the features [seq, n_embd] after ln_f: the target's logits are f @ wte.T
+            f, unembedding = target_features(target_params, self.n_head, window), target_params["wte"].T
+            return medusa.head_distillation_loss(f, f @ unembedding, heads, unembedding)
         features, labels = self.features_and_labels(target_params, window)
         return medusa.head_loss(features, labels, heads, target_params["wte"].T)
 
@@ -275,7 +280,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
          seq_len=256, lr=1e-3, warmup=100, seed=0, eval_every=250, validation_tokens=200_000,
          state_dir="~/.cache/speculative-sampling-kit/train_heads", save_minutes=5.0, init_from=None, continued=0,
          pool=4096, prompt_tokens=32, continued_tokens=160, unroll=1, classification_weight=CLASSIFICATION_WEIGHT,
-         taps=(), data_seed=None, draft_vocab_size=None):
+         taps=(), data_seed=None, draft_vocab_size=None, medusa_labels="corpus"):
     """Train `drafter`'s head (one of KINDS) for `steps` steps of batch_size windows; write it to
     models_dir/out_name (the kind's default name) at every evaluation; resume from state_dir/drafter. init_from: a
     head folder to start from instead of a fresh head (a committed head, trained on in a later session: the state
@@ -285,7 +290,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     predicted features from the second on. classification_weight (EAGLE's head only): the token cross-entropy's
     weight beside the feature regression. data_seed: the sampler's seed for windows and pool rows (default seed, which
     also makes the pool): a run continuing a head gives a new one, or it replays the data the earlier run drew.
-    draft_vocab_size (EAGLE-3 only): the draft vocabulary's size (tools/train_eagle3.DRAFT_VOCAB_SIZE)."""
+    draft_vocab_size (EAGLE-3 only): the draft vocabulary's size (tools/train_eagle3.DRAFT_VOCAB_SIZE). medusa_labels
+    (Medusa only): "corpus", the text's tokens (Medusa-1), or "target", the target's distribution of them."""
     if drafter not in (*KINDS, "eagle3"):
         raise SystemExit(f"train_heads: unknown drafter {drafter!r}: choose one of {', '.join(KINDS)}, eagle3")
     if unroll != 1 and (drafter != "eagle" or not isinstance(unroll, int) or unroll < 1):
@@ -297,6 +303,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
         raise SystemExit("train_heads: --data_seed must be a whole number")
     if draft_vocab_size is not None and drafter != "eagle3":
         raise SystemExit("train_heads: --draft_vocab_size is for eagle3 only")
+    if medusa_labels != "corpus" and (drafter != "medusa" or medusa_labels != "target"):
+        raise SystemExit("train_heads: --medusa_labels must be corpus or target, for medusa only")
     models_dir, corpus_dir = Path(models_dir), Path(corpus_dir)
     state_dir = Path(state_dir).expanduser() / drafter
     if not (corpus_dir / "train.txt").exists():
@@ -314,7 +322,8 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
     validation_windows = np.stack([validation[i * (seq_len + 1):(i + 1) * (seq_len + 1)]
                                    for i in range(n_windows)]).astype(np.int32)
     kind = (KINDS[drafter](hparams, unroll, classification_weight, taps) if drafter == "eagle"
-            else eagle3_kind(hparams, train, draft_vocab_size) if drafter == "eagle3" else KINDS[drafter](hparams))
+            else eagle3_kind(hparams, train, draft_vocab_size) if drafter == "eagle3"
+            else KINDS[drafter](hparams, medusa_labels) if drafter == "medusa" else KINDS[drafter](hparams))
     recipe = {"drafter": drafter, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
               "warmup": warmup, "seed": seed, "target": TARGET, "validation_tokens": validation_tokens,
               **({"init_from": str(init_from)} if init_from else {}), **({"unroll": unroll} if unroll > 1 else {}),
@@ -322,6 +331,7 @@ def main(drafter, models_dir="models", corpus_dir="build/corpus", out_name=None,
                  if classification_weight != CLASSIFICATION_WEIGHT else {}), **({"taps": list(taps)} if taps else {}),
               **({"data_seed": data_seed} if data_seed is not None else {}),
               **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
+              **({"medusa_labels": medusa_labels} if medusa_labels != "corpus" else {}),
               **({"continued": continued, "pool": pool, "prompt_tokens": prompt_tokens,
                   "continued_tokens": continued_tokens} if continued else {})}
     pool_rows = greedy_rows = np.zeros((0, prompt_tokens + continued_tokens), np.int32)
