@@ -886,6 +886,15 @@ def test_the_heads_at_one_budget_on_the_page_are_the_committed_runs():
     judged = {drafter: (overall[drafter]["tokens_per_call"] - 1) / overall[drafter]["alpha"]
               for drafter in ("kangaroo", "eagle-chain")}
     assert f"{judged['kangaroo']:.2f} judged per target call against EAGLE-1's {judged['eagle-chain']:.2f}" in page
+    distilled_run = json.loads((REPO / "bench" / "results" /
+                                "drafters_equal_budget_medusa_distilled_at_K4_cpu_zen4.json").read_text())
+    distilled = next(row for row in distilled_run["at_K4"] if row["drafter"] == "medusa-chain" and row["category"] == "all")
+    margin = distilled_run["at_K4_margins"]["medusa-chain / eagle-chain"]
+    low, high = margin["interval_95"]
+    assert (f"the same, the target's labels {distilled['alpha']:.3f} {distilled['tokens_per_call']:.2f} "
+            f"{margin['margin']:+.3f} ({low:+.3f} to {high:+.3f})") in page
+    assert distilled_run["settings"]["at_K4_split"] == "test" and distilled["prompts"] == 192
+    assert f"they accept {distilled['alpha']:.3f} against {overall['medusa-chain']['alpha']:.3f}" in page
     alpha = {drafter: f"{row['alpha']:.3f}" for drafter, row in overall.items()}
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"Kangaroo's adapter is ahead of EAGLE's head in α at K 4 ({alpha['kangaroo']} against "
