@@ -48,9 +48,10 @@ def time_loop_calls(target, draft, prompt, K, rounds):  # -> median seconds of e
     draft proposing K tokens (draft_step: per token), the target verifying them reused (the rows the draft fed start
     at the exit: drafters/early_exit.ExitDraft); the same proposal verified recomputed (the target forgets what the
     draft left and runs every row through every block, as before the reuse); a decode step (one new token after the
-    cached prefix); the readout alone (the verification's rows entering after the last block: ln_f, the unembedding
-    and the call's own work, the part no exit covers; fed into the slots past the target's record, which hold nothing
-    it keeps). The first round warms up."""
+    cached prefix); the readout alone (the verification's rows through forward() entering after the last block: ln_f
+    and the unembedding, the part no exit covers; fed into the slots past the target's record, which hold nothing it
+    keeps). What a verification costs beyond its readout, its blocks and logits()' bookkeeping, is counted as its
+    blocks. The first round warms up."""
     n_layer, n_embd = target.hparams["n_layer"], target.hparams["n_embd"]
     target.reset()
     target.logits(prompt)

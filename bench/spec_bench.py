@@ -38,15 +38,15 @@ that judged a draft at depth d, and those that accepted it), loops by accepted l
 call in Spec-Bench's convention and SpecForge's (bench/spec_stats.py), c, and predicted_speedup, the formula at the
 measured loops, c and verification cost (each in the rounds' autoregressive decode steps, as bench/pair.py);
 predicted_speedup_machine_v the same with v(n) measured apart (speedup/costs.measure_costs; a tree of n nodes costs
-about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside the trained heads' chains
-(EAGLE's, EAGLE-3's, Medusa's and Kangaroo's, those of --drafters) at K = 4 and their dynamic trees at depth 4 with drafters/load.py's default budget and the larger budgets an
-accelerator would verify for about a step's cost (16 and 32 nodes), on --k4_prompts prompts per category of the test
-split (more than the timed rows: it counts tokens, not time); "at_K4_margins" sets each against the draft on the same
-prompts (each chain in alpha, each tree in tokens per target call), and every other head's chain against EAGLE's
-in alpha, with the 95% interval of a paired bootstrap over the prompts, and says "level" where that interval holds no
-margin. A head's recipe is judged on the development split
-instead: --at_K4_only --at_K4_split dev. At temperature 0 every run's tokens must equal autoregressive decoding's:
-same_tokens_as_autoregressive.
+about a chain of n, bench/tree.py). "at_K4" (temperature 0) sets the distilled draft beside the trained heads'
+chains (EAGLE's, EAGLE-3's, Medusa's and Kangaroo's, those of --drafters) at K = 4, and EAGLE's and EAGLE-3's
+dynamic trees at depth 4 with drafters/load.py's default budget and the larger budgets an accelerator would verify
+for about a step's cost (16 and 32 nodes), on --k4_prompts prompts per category of the test split (more than the
+timed rows: it counts tokens, not time); "at_K4_margins" sets each against the draft on the same prompts (each chain
+in alpha, each tree in tokens per target call), and every other head's chain against EAGLE's in alpha, with the 95%
+interval of a paired bootstrap over the prompts, and says "level" where that interval holds no margin. A head's
+recipe is judged on the development split instead: --at_K4_only --at_K4_split dev. At temperature 0 every run's
+tokens must equal autoregressive decoding's: same_tokens_as_autoregressive.
 
     python bench/spec_bench.py --out drafters.json                     # tens of minutes: bench/README.md
     python bench/spec_bench.py --at_K4_only --at_K4_split dev --drafters draft,eagle-chain,eagle-tree  # a recipe

@@ -93,8 +93,10 @@ def head_loss(features, labels, heads, unembedding):  # [m, n_embd], [m, n_heads
 
 
 def head_distillation_loss(features, target_logits, heads, unembedding):  # [T, n_embd], [T, n_vocab] -> a scalar
-    """Medusa's self-distillation (Cai et al. 2024, section 2.3.2): head_loss with the target's own distribution of
-    each head's token, its logits one position before that token, in place of the text's token: at feature i, head k
+    """head_loss with soft labels, this kit's variant: the target's own distribution of each head's token (its logits
+    one position before that token) in place of the text's token, as EAGLE's and Kangaroo's losses learn the target's
+    distribution (Medusa-1 trains on the text's tokens; Medusa's self-distillation, Cai et al. 2024 section 2.3.2,
+    on the target's own generated text: tools/train_heads.py --continued). At feature i, head k
     learns softmax(target_logits[i + k]) (the soft cross-entropy, the KL up to the target's entropy), weighted
     0.8^k. The features with a label for every head are those head_targets pairs, T - 1 - n_heads."""
     n_heads = len(heads["heads"])

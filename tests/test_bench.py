@@ -885,7 +885,7 @@ def test_the_heads_at_one_budget_on_the_page_are_the_committed_runs():
     assert verdicts == {"kangaroo": "ahead", "eagle3-chain": "behind", "medusa-chain": "behind"}
     judged = {drafter: (overall[drafter]["tokens_per_call"] - 1) / overall[drafter]["alpha"]
               for drafter in ("kangaroo", "eagle-chain")}
-    assert f"{judged['kangaroo']:.2f} judged per target call against EAGLE-1's {judged['eagle-chain']:.2f}" in page
+    assert f"the target judges {judged['kangaroo']:.2f} of its drafts per call against EAGLE-1's {judged['eagle-chain']:.2f}" in page
     distilled_run = json.loads((REPO / "bench" / "results" /
                                 "drafters_equal_budget_medusa_distilled_at_K4_cpu_zen4.json").read_text())
     distilled = next(row for row in distilled_run["at_K4"] if row["drafter"] == "medusa-chain" and row["category"] == "all")
@@ -897,9 +897,9 @@ def test_the_heads_at_one_budget_on_the_page_are_the_committed_runs():
     assert f"they accept {distilled['alpha']:.3f} against {overall['medusa-chain']['alpha']:.3f}" in page
     alpha = {drafter: f"{row['alpha']:.3f}" for drafter, row in overall.items()}
     readme = " ".join((REPO / "README.md").read_text().split())
-    assert (f"Kangaroo's adapter is ahead of EAGLE's head in α at K 4 ({alpha['kangaroo']} against "
-            f"{alpha['eagle-chain']}), EAGLE-3's draft ({alpha['eagle3-chain']}) and Medusa's heads "
-            f"({alpha['medusa-chain']}) behind") in readme
+    assert (f"EAGLE-3's draft (α {alpha['eagle3-chain']} at K 4) and Medusa's heads ({alpha['medusa-chain']}) are "
+            f"behind EAGLE's head ({alpha['eagle-chain']}); Kangaroo's adapter has more α ({alpha['kangaroo']}), not "
+            "more tokens per call") in readme
     card = " ".join((REPO / "models" / "README.md").read_text().split())
     assert (f"Kangaroo's adapter {alpha['kangaroo']}, EAGLE's head {alpha['eagle-chain']}, EAGLE-3's draft "
             f"{alpha['eagle3-chain']}, Medusa's heads {alpha['medusa-chain']}") in card

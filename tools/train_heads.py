@@ -30,7 +30,7 @@ is the paper's:
   vocabulary of --draft_vocab_size ids, under the training-time test of 7 steps weighted 0.8^i (tools/train_eagle3.py).
 - Medusa-1 (Cai et al. 2024, arXiv 2401.10774): head k reads the target's feature at position i and predicts the
   corpus token i+1+k; cross-entropy per head, weighted 0.8^k (drafters/medusa.head_loss); --medusa_labels target:
-  the target's distribution of that token instead (the paper's self-distillation; medusa.head_distillation_loss).
+  the target's distribution of that token instead (soft labels, this kit's variant: medusa.head_distillation_loss).
   The heads' top-ranked tokens are then scored on the validation windows: the accuracies MedusaDraft prunes by.
 - Kangaroo (Liu et al. 2024, arXiv 2404.18911): the adapter reads the residual stream after the target's first
   exit_layer blocks; the cross-entropy from the target's own next-token distribution to the adapted exit's
