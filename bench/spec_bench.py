@@ -338,12 +338,15 @@ def at_K4(drafters, prompts_by_category, target, new_tokens, split):  # -> rows:
 
 def k4_margins(by_prompt):  # -> the bars' comparisons, each with its paired interval
     """Each chain against the draft in alpha, each tree against it in tokens per target call (the bar: 1.2 times);
-    every other head's chain against EAGLE's in alpha (what EAGLE-3 changed, or another method, on the same prompts)."""
-    pairs = [(name, "draft") for name in by_prompt if name != "draft" and "draft" in by_prompt]
-    pairs += [(name, "eagle-chain") for name in K4_HEADS if {name, "eagle-chain"} <= set(by_prompt)]
-    return {f"{name} / {base}": paired_margin(by_prompt[name], by_prompt[base],
-                                              "alpha" if name in K4_CHAINS else "tokens_per_call")
-            for name, base in pairs}
+    every other head's chain against EAGLE's (what EAGLE-3 changed, or another method, on the same prompts) in alpha
+    and, keyed "..., tokens per call", in tokens per target call: a chain that stops early (Kangaroo's) is judged on
+    fewer drafts, so its alpha alone does not compare."""
+    pairs = [(name, "draft", "alpha" if name in K4_CHAINS else "tokens_per_call")
+             for name in by_prompt if name != "draft" and "draft" in by_prompt]
+    pairs += [(name, "eagle-chain", measure) for name in K4_HEADS if {name, "eagle-chain"} <= set(by_prompt)
+              for measure in ("alpha", "tokens_per_call")]
+    return {f"{name} / {base}" + (", tokens per call" if base != "draft" and measure != "alpha" else ""):
+            paired_margin(by_prompt[name], by_prompt[base], measure) for name, base, measure in pairs}
 
 
 def k4_row(drafter, choice, category, runs, split):

@@ -829,7 +829,10 @@ def test_at_K4_margins_set_every_other_heads_chain_against_eagles_as_well_as_eac
     margins = bench.k4_margins(rows)
     assert {name: margin["measure"] for name, margin in margins.items()} == {
         "eagle-chain / draft": "alpha", "eagle3-chain / draft": "alpha", "eagle3-tree 16 / draft": "tokens_per_call",
-        "kangaroo / draft": "alpha", "eagle3-chain / eagle-chain": "alpha", "kangaroo / eagle-chain": "alpha"}
+        "kangaroo / draft": "alpha", "eagle3-chain / eagle-chain": "alpha", "kangaroo / eagle-chain": "alpha",
+        "eagle3-chain / eagle-chain, tokens per call": "tokens_per_call",
+        "kangaroo / eagle-chain, tokens per call": "tokens_per_call"}
+    assert margins["kangaroo / eagle-chain, tokens per call"]["margin"] == pytest.approx((2 / 2) / (3 / 2))  # a ratio
     assert margins["kangaroo / eagle-chain"]["margin"] == pytest.approx(1 / 3 - 1 / 2)  # 1/3 against 2/4
     assert margins["kangaroo / eagle-chain"]["verdict"] == "behind"
     assert margins["eagle3-chain / eagle-chain"]["margin"] == pytest.approx(0.5)  # 4/4 against 2/4 on every prompt
@@ -853,7 +856,8 @@ def test_the_early_exit_page_quotes_the_committed_run():
     for key, (l1, l2, l4, l6) in percent.items():
         assert f"{l1} and {l2} ({l4} and {l6}" in page, key
     readout = [row["verification"]["readout_decode_steps"] for row in result["by_exit_layer"]]
-    assert f"readout alone too (the same rows entering after the last block): {min(readout):.2f}-{max(readout):.2f}" in page
+    assert (f"readout alone too (the same rows entering after the last block): {min(readout):.2f}-"
+            f"{max(readout):.2f}") in page
     one_block = {path: [row["verification"]["one_block_decode_steps"][path] for row in result["by_exit_layer"]]
                  for path in ("reused", "recomputed")}
     dearer = [reused / recomputed - 1 for reused, recomputed in zip(*one_block.values())]
@@ -861,6 +865,12 @@ def test_the_early_exit_page_quotes_the_committed_run():
             f"({min(one_block['reused']):.2f}-{max(one_block['reused']):.2f} of a decode step for 5 rows) than the "
             f"recomputing call's average block ({min(one_block['recomputed']):.2f}-{max(one_block['recomputed']):.2f})"
             ) in page
+
+
+def quoted_margins(margins, drafter):  # -> "+0.042 (+0.029 to +0.055) 0.996 (0.984 to 1.008)": alpha's, the ratio's
+    alpha, ratio = margins[f"{drafter} / eagle-chain"], margins[f"{drafter} / eagle-chain, tokens per call"]
+    return (f"{alpha['margin']:+.3f} ({alpha['interval_95'][0]:+.3f} to {alpha['interval_95'][1]:+.3f}) "
+            f"{ratio['margin']:.3f} ({ratio['interval_95'][0]:.3f} to {ratio['interval_95'][1]:.3f})")
 
 
 def test_the_heads_at_one_budget_on_the_page_are_the_committed_runs():
@@ -877,29 +887,29 @@ def test_the_heads_at_one_budget_on_the_page_are_the_committed_runs():
         quoted = f"{name} {row['alpha']:.3f} {row['tokens_per_call']:.2f}"
         margin = result["at_K4_margins"].get(f"{drafter} / eagle-chain")
         if margin:
-            low, high = margin["interval_95"]
-            quoted += f" {margin['margin']:+.3f} ({low:+.3f} to {high:+.3f})"
+            quoted += " " + quoted_margins(result["at_K4_margins"], drafter)
         assert quoted in page, quoted
-    verdicts = {drafter: result["at_K4_margins"][f"{drafter} / eagle-chain"]["verdict"]
+    verdicts = {drafter: [result["at_K4_margins"][f"{drafter} / eagle-chain{measure}"]["verdict"]
+                          for measure in ("", ", tokens per call")]
                 for drafter in ("kangaroo", "eagle3-chain", "medusa-chain")}
-    assert verdicts == {"kangaroo": "ahead", "eagle3-chain": "behind", "medusa-chain": "behind"}
+    assert verdicts == {"kangaroo": ["ahead", "level"], "eagle3-chain": ["behind"] * 2, "medusa-chain": ["behind"] * 2}
     judged = {drafter: (overall[drafter]["tokens_per_call"] - 1) / overall[drafter]["alpha"]
               for drafter in ("kangaroo", "eagle-chain")}
-    assert f"the target judges {judged['kangaroo']:.2f} of its drafts per call against EAGLE-1's {judged['eagle-chain']:.2f}" in page
+    assert (f"the target judges {judged['kangaroo']:.2f} of its drafts per call against EAGLE-1's "
+            f"{judged['eagle-chain']:.2f}") in page
     distilled_run = json.loads((REPO / "bench" / "results" /
                                 "drafters_equal_budget_medusa_distilled_at_K4_cpu_zen4.json").read_text())
-    distilled = next(row for row in distilled_run["at_K4"] if row["drafter"] == "medusa-chain" and row["category"] == "all")
-    margin = distilled_run["at_K4_margins"]["medusa-chain / eagle-chain"]
-    low, high = margin["interval_95"]
+    distilled = next(row for row in distilled_run["at_K4"]
+                     if row["drafter"] == "medusa-chain" and row["category"] == "all")
     assert (f"the same, the target's labels {distilled['alpha']:.3f} {distilled['tokens_per_call']:.2f} "
-            f"{margin['margin']:+.3f} ({low:+.3f} to {high:+.3f})") in page
+            + quoted_margins(distilled_run["at_K4_margins"], "medusa-chain")) in page
     assert distilled_run["settings"]["at_K4_split"] == "test" and distilled["prompts"] == 192
     assert f"they accept {distilled['alpha']:.3f} against {overall['medusa-chain']['alpha']:.3f}" in page
     alpha = {drafter: f"{row['alpha']:.3f}" for drafter, row in overall.items()}
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"EAGLE-3's draft (α {alpha['eagle3-chain']} at K 4) and Medusa's heads ({alpha['medusa-chain']}) are "
-            f"behind EAGLE's head ({alpha['eagle-chain']}); Kangaroo's adapter has more α ({alpha['kangaroo']}), not "
-            "more tokens per call") in readme
+            f"behind EAGLE's head ({alpha['eagle-chain']}); Kangaroo's adapter has more α ({alpha['kangaroo']}), "
+            "level tokens per call") in readme
     card = " ".join((REPO / "models" / "README.md").read_text().split())
     assert (f"Kangaroo's adapter {alpha['kangaroo']}, EAGLE's head {alpha['eagle-chain']}, EAGLE-3's draft "
             f"{alpha['eagle3-chain']}, Medusa's heads {alpha['medusa-chain']}") in card
