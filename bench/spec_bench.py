@@ -341,12 +341,13 @@ def k4_margins(by_prompt):  # -> the bars' comparisons, each with its paired int
     every other head's chain against EAGLE's (what EAGLE-3 changed, or another method, on the same prompts) in alpha
     and, keyed "..., tokens per call", in tokens per target call: a chain that stops early (Kangaroo's) is judged on
     fewer drafts, so its alpha alone does not compare."""
-    pairs = [(name, "draft", "alpha" if name in K4_CHAINS else "tokens_per_call")
-             for name in by_prompt if name != "draft" and "draft" in by_prompt]
-    pairs += [(name, "eagle-chain", measure) for name in K4_HEADS if {name, "eagle-chain"} <= set(by_prompt)
-              for measure in ("alpha", "tokens_per_call")]
-    return {f"{name} / {base}" + (", tokens per call" if base != "draft" and measure != "alpha" else ""):
-            paired_margin(by_prompt[name], by_prompt[base], measure) for name, base, measure in pairs}
+    pairs = {f"{name} / draft": (name, "draft", "alpha" if name in K4_CHAINS else "tokens_per_call")
+             for name in by_prompt if name != "draft" and "draft" in by_prompt}
+    for name in (name for name in K4_HEADS if {name, "eagle-chain"} <= set(by_prompt)):
+        pairs[f"{name} / eagle-chain"] = (name, "eagle-chain", "alpha")
+        pairs[f"{name} / eagle-chain, tokens per call"] = (name, "eagle-chain", "tokens_per_call")
+    return {key: paired_margin(by_prompt[name], by_prompt[base], measure)
+            for key, (name, base, measure) in pairs.items()}
 
 
 def k4_row(drafter, choice, category, runs, split):

@@ -73,11 +73,16 @@ def head_logits(features, heads, unembedding):  # [..., n_embd] -> [..., n_heads
 def head_targets(tokens, n_heads):  # [..., T] -> [..., T-1-n_heads, n_heads]
     """Head k's label at feature position i is tokens[i+1+k] (the target's own at i is tokens[i+1]); the features
     at positions 0..T-2-n_heads are the ones with a label for every head."""
-    m = tokens.shape[-1] - 1 - n_heads
-    if m < 1:
-        raise ValueError(f"a sequence of {tokens.shape[-1]} tokens has no feature with labels for {n_heads} heads")
+    m = labelled_features(tokens.shape[-1], n_heads)
     xp = gpt2.array_module(tokens)
     return xp.stack([tokens[..., 1 + k:1 + k + m] for k in range(1, n_heads + 1)], axis=-1)
+
+
+def labelled_features(n_tokens, n_heads):  # -> m = n_tokens - 1 - n_heads, the features with a label for every head
+    m = n_tokens - 1 - n_heads
+    if m < 1:
+        raise ValueError(f"a sequence of {n_tokens} tokens has no feature with labels for {n_heads} heads")
+    return m
 
 
 def loss_weights(n_heads):  # -> [n_heads] float32: lambda_k = 0.8^k, k = 1..n_heads
@@ -88,8 +93,11 @@ def head_loss(features, labels, heads, unembedding):  # [m, n_embd], [m, n_heads
     """Medusa-1's loss: sum over heads of lambda_k times head k's cross-entropy, averaged over the features."""
     log_probs = gpt2.log_softmax(head_logits(features, heads, unembedding))  # [m, n_heads, n_vocab]
     xp = gpt2.array_module(log_probs)
-    picked = xp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # [m, n_heads]
-    return -(picked.mean(axis=0) * loss_weights(len(heads["heads"]))).sum()
+    return weighted_over_heads(xp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0])
+
+
+def weighted_over_heads(log_likelihood):  # [m, n_heads] -> a scalar: minus sum_k lambda_k x head k's mean over the m
+    return -(log_likelihood.mean(axis=0) * loss_weights(log_likelihood.shape[-1])).sum()
 
 
 def head_distillation_loss(features, target_logits, heads, unembedding):  # [T, n_embd], [T, n_vocab] -> a scalar
@@ -100,13 +108,11 @@ def head_distillation_loss(features, target_logits, heads, unembedding):  # [T, 
     learns softmax(target_logits[i + k]) (the soft cross-entropy, the KL up to the target's entropy), weighted
     0.8^k. The features with a label for every head are those head_targets pairs, T - 1 - n_heads."""
     n_heads = len(heads["heads"])
-    m = len(features) - 1 - n_heads
-    if m < 1:
-        raise ValueError(f"a sequence of {len(features)} tokens has no feature with labels for {n_heads} heads")
+    m = labelled_features(len(features), n_heads)
     log_probs = gpt2.log_softmax(head_logits(features[:m], heads, unembedding))  # [m, n_heads, n_vocab]
     xp = gpt2.array_module(log_probs)
     teacher = xp.stack([gpt2.softmax(target_logits[k:k + m]) for k in range(1, n_heads + 1)], axis=1)  # the same
-    return -((teacher * log_probs).sum(axis=-1).mean(axis=0) * loss_weights(n_heads)).sum()
+    return weighted_over_heads((teacher * log_probs).sum(axis=-1))
 
 
 def best_paths(confidence, n_nodes, ceilings=None):  # [depth, top] -> up to n_nodes tuples of ranks, parents first
